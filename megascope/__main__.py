@@ -1,0 +1,5 @@
+import sys
+
+from megascope.cli import main
+
+sys.exit(main())

@@ -1,0 +1,65 @@
+"""Paths and the manifest (run.json) of a run directory; see docs/run-directory.md.
+
+    RUN/run.json, RUN/<table>/rank=NNNNN/seg-*.parquet, RUN/inflight/, RUN/checkpoints/
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from megascope.tracer.schema import SCHEMA_VERSION, TABLES, SchemaVersionError
+
+MANIFEST = "run.json"
+
+
+def table_dir(run_dir: str | Path, table: str, rank: int) -> Path:
+    if table not in TABLES:
+        raise KeyError(f"unknown table '{table}'")
+    return Path(run_dir) / table / f"rank={rank:05d}"
+
+
+def inflight_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "inflight"
+
+
+def write_json_atomic(path: str | Path, data: Any) -> None:
+    """Write JSON under a temporary name, then rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> None:
+    manifest = {"schema_version": SCHEMA_VERSION, **manifest}
+    write_json_atomic(Path(run_dir) / MANIFEST, manifest)
+
+
+def update_manifest(run_dir: str | Path, **fields: Any) -> None:
+    """Merge fields into run.json (rank 0 only: one writer, no lock needed)."""
+    manifest = read_manifest(run_dir, check_version=False)
+    manifest.update(fields)
+    write_json_atomic(Path(run_dir) / MANIFEST, manifest)
+
+
+def read_manifest(run_dir: str | Path, check_version: bool = True) -> dict[str, Any]:
+    path = Path(run_dir) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{run_dir} is not a megascope run directory (no {MANIFEST}); "
+            "pass the directory given to `megascope train --run-dir` or made by `megascope import`")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON ({exc}); the run directory is damaged") from None
+    version = manifest.get("schema_version")
+    if check_version and version != SCHEMA_VERSION:
+        hint = "upgrade megascope" if isinstance(version, int) and version > SCHEMA_VERSION else \
+            "re-import or re-run it with this version"
+        raise SchemaVersionError(
+            f"{run_dir} was written with trace schema v{version}; this megascope reads v{SCHEMA_VERSION}: {hint}")
+    return manifest

@@ -1,0 +1,77 @@
+"""The trace schema: the columns of every table in a run directory, versioned.
+
+Writers (tracer, importers, simulator) and the reader (analyzer) both import these definitions;
+docs/schema.md describes each column. Bump SCHEMA_VERSION on any incompatible change.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = 1
+"""Version of the run-directory layout and table schemas below; stored in run.json."""
+
+KINDS = ("compute", "collective", "p2p", "host")
+"""Values of events.kind."""
+
+EVENTS = pa.schema([
+    ("rank", pa.int32()),        # global rank that recorded the span
+    ("step", pa.int64()),        # training step
+    ("microbatch", pa.int32()),  # micro-batch index, -1 where it does not apply
+    ("chunk", pa.int16()),       # virtual pipeline chunk, -1 where it does not apply
+    ("name", pa.string()),       # forward, backward, reduce_scatter, send, recv, optimizer, ...
+    ("kind", pa.string()),       # compute | collective | p2p | host
+    ("group", pa.string()),      # dp | tp | pp | world | "" (no group)
+    ("seq", pa.int64()),         # n-th operation of this rank in this group (matches across members), -1
+    ("peer", pa.int32()),        # p2p partner global rank, -1
+    ("bytes", pa.int64()),       # payload bytes, 0 where none
+    ("issue_ns", pa.int64()),    # host time the op was issued (aligned clock, Unix epoch ns)
+    ("start_ns", pa.int64()),    # when it started running (aligned clock, Unix epoch ns)
+    ("end_ns", pa.int64()),      # when it finished (aligned clock, Unix epoch ns)
+])
+
+STEPS = pa.schema([
+    ("rank", pa.int32()),
+    ("step", pa.int64()),
+    ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()),
+    ("tokens", pa.int64()),        # tokens this rank's data-parallel replica processed in the step
+    ("loss", pa.float64()),        # NaN where the rank computes no loss (not the last stage)
+    ("lr", pa.float64()),
+    ("grad_norm", pa.float64()),
+    ("model_flops", pa.float64()),  # model FLOPs of the whole job in this step (Megatron formula)
+    ("dropped_events", pa.int64()),  # events dropped so far by this rank's tracer (bounded memory)
+])
+
+GPU = pa.schema([
+    ("rank", pa.int32()),
+    ("ts_ns", pa.int64()),
+    ("gpu_util", pa.float32()),     # %
+    ("mem_util", pa.float32()),     # %
+    ("mem_used_bytes", pa.int64()),
+    ("power_w", pa.float32()),
+    ("temp_c", pa.float32()),
+    ("sm_clock_mhz", pa.float32()),
+    ("throttle_reasons", pa.int64()),  # NVML clocks-event reason bit mask
+    ("ecc_errors", pa.int64()),        # volatile uncorrected ECC errors
+    ("pcie_tx_kbs", pa.float32()),
+    ("pcie_rx_kbs", pa.float32()),
+    ("nvlink_tx_kbs", pa.float32()),
+    ("nvlink_rx_kbs", pa.float32()),
+])
+
+KERNELS = pa.schema([
+    ("rank", pa.int32()),
+    ("name", pa.string()),
+    ("stream", pa.int64()),
+    ("correlation", pa.int64()),
+    ("start_ns", pa.int64()),
+    ("end_ns", pa.int64()),
+])
+
+TABLES: dict[str, pa.Schema] = {"events": EVENTS, "steps": STEPS, "gpu": GPU, "kernels": KERNELS}
+"""Table name -> schema; each table lives in RUN/<table>/rank=NNNNN/*.parquet."""
+
+
+class SchemaVersionError(RuntimeError):
+    """A run directory written with a schema this version of megascope cannot read."""

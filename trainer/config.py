@@ -1,0 +1,259 @@
+"""One tree of dataclasses for a training job: defaults < TOML file < command line.
+
+Every field carries a docstring-style comment; `megascope train --help` and docs/config.md are
+generated from the same tree, so keep the comments short and true.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 256
+    """Vocabulary size; 256 for the byte-level tokenizer. Must be divisible by tp."""
+    n_layers: int = 4
+    """Transformer blocks. Must be divisible by pp*vpp."""
+    hidden: int = 128
+    """Hidden size h."""
+    n_heads: int = 4
+    """Attention heads. Must be divisible by tp."""
+    seq_len: int = 64
+    """Tokens per sample s. Must be divisible by tp when sequence parallelism is on."""
+    ffn_mult: int = 4
+    """MLP width as a multiple of hidden."""
+    parallel_block: bool = False
+    """MegaScale 3.1: attention and MLP side by side from one LayerNorm (y = x + attn(ln(x)) + mlp(ln(x)))."""
+    window: int = 0
+    """Sliding-window attention width w (each token sees the last w tokens); 0 means full causal attention."""
+    tie_embeddings: bool = True
+    """Share the input embedding with the output head."""
+    norm_eps: float = 1e-5
+    """LayerNorm epsilon."""
+
+
+@dataclass
+class ParallelConfig:
+    dp: int = 1
+    """Data-parallel degree."""
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row-parallel linears)."""
+    pp: int = 1
+    """Pipeline-parallel stages."""
+    vpp: int = 1
+    """Virtual pipeline chunks per stage; >1 selects the interleaved 1F1B schedule."""
+    sequence_parallel: bool = True
+    """Split LayerNorm/dropout regions along the sequence when tp > 1 (all-gather/reduce-scatter)."""
+    zero: bool = True
+    """ZeRO-2 distributed optimizer (reduce-scatter grads, all-gather params); False = plain all-reduce."""
+    bucket_mb: float = 4.0
+    """Gradient bucket size in MiB for the overlapped data-parallel reduction."""
+    scatter_gather: bool = True
+    """Megatron SC21 4.1: with tp > 1 each rank sends 1/tp of a stage's activation and the receivers all-gather."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core) or full (whole block)."""
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 50
+    """Optimizer steps to run."""
+    global_batch: int = 16
+    """Samples per step across all data-parallel ranks."""
+    micro_batch: int = 4
+    """Samples per micro-batch on one rank. global_batch must be divisible by micro_batch*dp."""
+    optimizer: str = "adamw"
+    """adamw or lamb (per-layer trust ratio, MegaScale's choice for 4x batch)."""
+    lr: float = 3e-3
+    """Peak learning rate."""
+    min_lr: float = 3e-4
+    """Learning rate at the end of the cosine decay."""
+    warmup_steps: int = 10
+    """Linear warm-up steps."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay (not applied to biases and norms)."""
+    beta1: float = 0.9
+    """First-moment decay."""
+    beta2: float = 0.95
+    """Second-moment decay."""
+    grad_clip: float = 1.0
+    """Clip gradients to this global norm across all shards; 0 disables."""
+    seed: int = 1234
+    """Seed for weights and data order."""
+    dtype: str = "fp32"
+    """Compute dtype: fp32 or bf16 (bf16 autocast on GPU)."""
+    device: str = "auto"
+    """auto (cuda when present), cpu or cuda."""
+
+
+@dataclass
+class DataConfig:
+    path: str = ""
+    """Text file, folder of text files, or uint16 token file (.bin); empty = corpus built from Python's own docs."""
+    prefetch: int = 2
+    """Batches prepared ahead on a background thread."""
+
+
+@dataclass
+class TraceConfig:
+    enabled: bool = True
+    """Record spans, steps and GPU health into the run directory."""
+    level: str = "op"
+    """step (steps table only), op (compute, collectives, p2p) or detail (also per-layer tensor-parallel ops)."""
+    every: int = 1
+    """Record every n-th step (1 = all)."""
+    flush_interval_s: float = 2.0
+    """Flush buffered events to a Parquet segment at least this often."""
+    flush_events: int = 20000
+    """... or when this many events are buffered."""
+    max_buffered_events: int = 500000
+    """Above this many unflushed events new events are dropped and counted (slow or full disk)."""
+    hang_timeout_s: float = 60.0
+    """A collective in flight longer than this is written to inflight/."""
+    clock_sync_interval_s: float = 60.0
+    """Re-estimate clock offsets to rank 0 this often (0 = only at start)."""
+    nvml: bool = True
+    """Sample GPU health with NVML (switches itself off without a GPU)."""
+    nvml_interval_s: float = 1.0
+    """NVML sampling period."""
+    cupti: bool = False
+    """Record kernel activity with CUPTI (cupti-python) into the kernels table."""
+
+
+@dataclass
+class JobConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
+    run_dir: str = ""
+    """Run directory; empty = runs/<timestamp>."""
+    inject: list[str] = field(default_factory=list)
+    """Fault-injection specs (see docs/faults.md)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.parallel.dp * self.parallel.tp * self.parallel.pp
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "JobConfig":
+        cfg = cls()
+        apply_overrides(cfg, data, source="dict")
+        return cfg
+
+
+SECTIONS = ("model", "parallel", "train", "data", "trace")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message says what to change."""
+
+
+def apply_overrides(cfg: JobConfig, data: dict[str, Any], source: str) -> None:
+    """Merge a nested dict (from TOML or a preset) into cfg, refusing unknown keys."""
+    for key, value in data.items():
+        if key in SECTIONS:
+            section = getattr(cfg, key)
+            if not isinstance(value, dict):
+                raise ConfigError(f"{source}: [{key}] must be a table")
+            for name, v in value.items():
+                if not hasattr(section, name):
+                    known = ", ".join(f.name for f in dataclasses.fields(section))
+                    raise ConfigError(f"{source}: unknown option {key}.{name}; known: {known}")
+                setattr(section, name, _coerce(getattr(section, name), v, f"{key}.{name}"))
+        elif key in ("run_dir", "inject"):
+            setattr(cfg, key, value)
+        else:
+            raise ConfigError(f"{source}: unknown section or key '{key}'; expected one of {SECTIONS}")
+
+
+def _coerce(current: Any, value: Any, name: str) -> Any:
+    kind = type(current)
+    if kind is bool:
+        if isinstance(value, str):
+            if value.lower() in ("1", "true", "on", "yes"):
+                return True
+            if value.lower() in ("0", "false", "off", "no"):
+                return False
+            raise ConfigError(f"{name}: expected on/off, got '{value}'")
+        return bool(value)
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}: expected {kind.__name__}, got '{value}'") from None
+
+
+def load_toml(cfg: JobConfig, path: str | Path) -> None:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} not found; pass an existing .toml file to --config")
+    try:
+        data = tomllib.loads(p.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{p}: not valid TOML ({exc})") from None
+    apply_overrides(cfg, data, source=str(p))
+
+
+def validate(cfg: JobConfig, world_size: int | None = None) -> None:
+    """Raise ConfigError naming what to change if the layout or shapes cannot work together."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    for name in ("dp", "tp", "pp", "vpp"):
+        if getattr(p, name) < 1:
+            raise ConfigError(f"--{name} must be >= 1, got {getattr(p, name)}")
+    if world_size is not None and world_size != cfg.world_size:
+        raise ConfigError(
+            f"dp*tp*pp = {p.dp}*{p.tp}*{p.pp} = {cfg.world_size} but the job has {world_size} processes; "
+            "change --dp/--tp/--pp or the number of processes per node/nodes")
+    if m.n_heads % p.tp:
+        raise ConfigError(f"n_heads={m.n_heads} is not divisible by tp={p.tp}; pick a tp that divides it")
+    if m.hidden % m.n_heads:
+        raise ConfigError(f"hidden={m.hidden} is not divisible by n_heads={m.n_heads}")
+    if m.vocab_size % p.tp:
+        raise ConfigError(f"vocab_size={m.vocab_size} is not divisible by tp={p.tp}")
+    if (m.hidden * m.ffn_mult) % p.tp:
+        raise ConfigError(f"MLP width {m.hidden * m.ffn_mult} is not divisible by tp={p.tp}")
+    if m.n_layers % (p.pp * p.vpp):
+        raise ConfigError(
+            f"n_layers={m.n_layers} is not divisible by pp*vpp={p.pp * p.vpp}; "
+            "change --pp/--vpp or the number of layers")
+    if p.vpp > 1 and p.pp == 1:
+        raise ConfigError("--vpp > 1 needs --pp > 1 (virtual chunks interleave pipeline stages)")
+    if p.tp > 1 and p.sequence_parallel and m.seq_len % p.tp:
+        raise ConfigError(f"seq_len={m.seq_len} is not divisible by tp={p.tp} (needed by sequence parallelism)")
+    if t.global_batch % (t.micro_batch * p.dp):
+        raise ConfigError(
+            f"global_batch={t.global_batch} is not divisible by micro_batch*dp={t.micro_batch}*{p.dp}; "
+            "change --global-batch, --micro-batch or --dp")
+    n_micro = t.global_batch // (t.micro_batch * p.dp)
+    if p.vpp > 1 and n_micro % p.pp:
+        raise ConfigError(
+            f"the interleaved schedule needs micro-batches ({n_micro}) divisible by pp={p.pp}; "
+            "change --global-batch or --micro-batch")
+    if m.window < 0:
+        raise ConfigError(f"window must be >= 0 (0 = full attention), got {m.window}")
+    if t.optimizer not in ("adamw", "lamb"):
+        raise ConfigError(f"optimizer '{t.optimizer}' unknown; use adamw or lamb")
+    if t.dtype not in ("fp32", "bf16"):
+        raise ConfigError(f"dtype '{t.dtype}' unknown; use fp32 or bf16")
+    if t.device not in ("auto", "cpu", "cuda"):
+        raise ConfigError(f"device '{t.device}' unknown; use auto, cpu or cuda")
+    if p.recompute not in ("none", "selective", "full"):
+        raise ConfigError(f"recompute '{p.recompute}' unknown; use none, selective or full")
+    if cfg.trace.level not in ("step", "op", "detail"):
+        raise ConfigError(f"trace level '{cfg.trace.level}' unknown; use step, op or detail")
+    if t.steps < 1:
+        raise ConfigError("--steps must be >= 1")
+
+
+def micro_batches(cfg: JobConfig) -> int:
+    """Micro-batches per step on one data-parallel rank: m = global_batch / (micro_batch * dp)."""
+    return cfg.train.global_batch // (cfg.train.micro_batch * cfg.parallel.dp)

@@ -1,0 +1,30 @@
+"""Named presets: partial config trees applied over the defaults, before --config and flags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Seconds per step on 2 CPU cores; the demo and most tests use it.
+    "tiny": {
+        "model": {"n_layers": 4, "hidden": 64, "n_heads": 4, "seq_len": 64},
+        "train": {"global_batch": 16, "micro_batch": 4, "lr": 3e-3, "warmup_steps": 10},
+    },
+    # A few minutes on a laptop CPU; useful for overhead and bubble measurements.
+    "small": {
+        "model": {"n_layers": 8, "hidden": 256, "n_heads": 8, "seq_len": 128},
+        "train": {"global_batch": 32, "micro_batch": 4, "lr": 1e-3, "warmup_steps": 20},
+    },
+    # GPT-style 350M-class shape for one GPU node (bf16).
+    "gpu": {
+        "model": {"n_layers": 24, "hidden": 1024, "n_heads": 16, "seq_len": 2048, "vocab_size": 256},
+        "train": {"global_batch": 64, "micro_batch": 4, "lr": 3e-4, "min_lr": 3e-5,
+                  "warmup_steps": 50, "dtype": "bf16", "device": "cuda"},
+    },
+}
+
+
+def preset(name: str) -> dict[str, Any]:
+    if name not in PRESETS:
+        raise KeyError(f"unknown preset '{name}'; choose one of: {', '.join(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,132 @@
+"""Fault injection (`megascope train --inject SPEC`): real effects, so the diagnosis has something to find.
+
+Specs are parsed and validated before launch; each rank builds a `Faults` holding only the faults
+that touch it, and the trainer calls its hooks at a few places:
+
+    with faults.compute():          around each forward/backward (straggler)
+    faults.before_dp_collective()   before each data-parallel collective is issued (late launch)
+    faults.before_p2p(peers)        before pipeline sends/receives (link flap)
+    faults.at_step_start(step)      hang / crash
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+KINDS = {
+    "straggler": ({"rank", "slowdown"}, {"from", "to"}),
+    "late_launch": ({"rank", "ms"}, {"every"}),
+    "flap": ({"ranks", "down_ms", "period_steps"}, set()),
+    "hang": ({"rank", "at"}, set()),
+    "crash": ({"rank", "at"}, set()),
+}
+USAGE = ("straggler:rank=R,slowdown=X[,from=S][,to=S] | late_launch:rank=R,ms=M[,every=K] | "
+         "flap:ranks=A-B,down_ms=D,period_steps=P | hang:rank=R,at=S | crash:rank=R,at=S")
+
+
+class FaultSpecError(ValueError):
+    """A malformed --inject spec; the message shows the accepted syntax."""
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    kind: str
+    params: dict[str, float] = field(default_factory=dict)
+    ranks: tuple[int, ...] = ()
+    text: str = ""
+
+    def active(self, step: int) -> bool:
+        return self.params.get("from", 0) <= step <= self.params.get("to", float("inf"))
+
+
+def parse_spec(text: str, world_size: int) -> FaultSpec:
+    kind, _, rest = text.partition(":")
+    if kind not in KINDS:
+        raise FaultSpecError(f"--inject '{text}': unknown fault '{kind}'; use one of: {USAGE}")
+    required, optional = KINDS[kind]
+    params: dict[str, float] = {}
+    ranks: tuple[int, ...] = ()
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or key not in required | optional:
+            raise FaultSpecError(f"--inject '{text}': bad field '{item}'; syntax: {USAGE}")
+        try:
+            if key == "ranks":
+                a, _, b = value.partition("-")
+                ranks = (int(a), int(b))
+            else:
+                params[key] = float(value)
+        except ValueError:
+            raise FaultSpecError(f"--inject '{text}': '{value}' is not a number in '{item}'") from None
+    missing = required - set(params) - ({"ranks"} if ranks else set())
+    if missing:
+        raise FaultSpecError(f"--inject '{text}': missing {', '.join(sorted(missing))}; syntax: {USAGE}")
+    if "rank" in params:
+        ranks = (int(params.pop("rank")),)
+    for r in ranks:
+        if not 0 <= r < world_size:
+            raise FaultSpecError(f"--inject '{text}': rank {r} is outside the world (0..{world_size - 1})")
+    if kind == "straggler" and params["slowdown"] < 1:
+        raise FaultSpecError(f"--inject '{text}': slowdown must be >= 1 (2 = twice as slow)")
+    if kind == "flap" and (len(set(ranks)) != 2 or params["period_steps"] < 2):
+        raise FaultSpecError(f"--inject '{text}': a flap needs two different ranks A-B and period_steps >= 2")
+    return FaultSpec(kind=kind, params=params, ranks=ranks, text=text)
+
+
+def parse_specs(texts: list[str], world_size: int) -> list[FaultSpec]:
+    return [parse_spec(t, world_size) for t in texts]
+
+
+class Faults:
+    """The faults that touch one rank, with the hooks the trainer calls. Empty = every hook is a no-op."""
+
+    def __init__(self, specs: list[FaultSpec], rank: int) -> None:
+        self.rank = rank
+        self.specs = [s for s in specs if rank in s.ranks]
+        self.step = 0
+
+    def at_step_start(self, step: int) -> None:
+        self.step = step
+        for s in self.specs:
+            if s.kind == "crash" and step == s.params["at"]:
+                print(f"[megascope] injected crash on rank {self.rank} at step {step}", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+            if s.kind == "hang" and step == s.params["at"]:
+                print(f"[megascope] injected hang on rank {self.rank} at step {step}", flush=True)
+                while True:  # the rank stops issuing work and never returns
+                    time.sleep(3600)
+
+    @contextlib.contextmanager
+    def compute(self, sync: Callable[[], None] | None = None) -> Iterator[None]:
+        """Stretch the enclosed compute by the straggler's slowdown with a proportional delay.
+        `sync` (torch.cuda.synchronize on GPU) makes the measured time the device time;
+        note: that is a CPU-GPU sync point, taken only on the injected rank."""
+        factor = max((s.params["slowdown"] for s in self.specs
+                      if s.kind == "straggler" and s.active(self.step)), default=1.0)
+        if factor == 1.0:
+            yield
+            return
+        start = time.perf_counter()
+        yield
+        if sync is not None:
+            sync()
+        time.sleep((factor - 1.0) * (time.perf_counter() - start))
+
+    def before_dp_collective(self) -> None:
+        for s in self.specs:
+            if s.kind == "late_launch" and self.step % int(s.params.get("every", 1)) == 0:
+                time.sleep(s.params["ms"] / 1000.0)
+
+    def before_p2p(self, peers: list[int]) -> None:
+        """Stall transfers on a flapping link during its 'down' half-periods."""
+        for s in self.specs:
+            if s.kind != "flap" or not (set(s.ranks) - {self.rank}) & set(peers):
+                continue
+            period = int(s.params["period_steps"])
+            if (self.step // max(1, period // 2)) % 2 == 1:
+                time.sleep(s.params["down_ms"] / 1000.0)

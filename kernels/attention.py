@@ -1,0 +1,162 @@
+"""Causal self-attention with an optional sliding window (MegaScale section 3.1).
+
+Window semantics: query i attends to key j iff i - window < j <= i; window = 0 means full causal.
+Three implementations of the same math on q, k, v of shape [batch, heads, seq, head_dim]:
+
+- `attention_reference`: softmax(Q K^T / sqrt(d) + mask) V written out (the test oracle).
+- `sdpa_attention`: torch's scaled_dot_product_attention, `is_causal` for full attention and an
+  explicit boolean mask for a window (CPU, and GPUs without triton).
+- `flash_attention`: a Triton flash-attention forward (online softmax, key blocks outside the causal
+  window are never visited). Its backward recomputes the forward through SDPA and differentiates that
+  (no hand-written Triton backward yet): exact gradients, one extra attention forward in backward.
+
+`causal_attention` picks the fastest one that applies.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+try:
+    import triton
+    import triton.language as tl
+    HAS_TRITON = True
+except ImportError:  # CPU builds and machines without triton use SDPA
+    HAS_TRITON = False
+
+_FLASH_HEAD_DIMS = (16, 32, 64, 128)
+
+
+def window_mask(seq_len: int, window: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Boolean [seq, seq] mask, True where query i may attend key j (i - window < j <= i)."""
+    i = torch.arange(seq_len, device=device)[:, None]
+    j = torch.arange(seq_len, device=device)[None, :]
+    allowed = j <= i
+    if window > 0:
+        allowed = allowed & (j > i - window)
+    return allowed
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(d) + mask) V in fp32, masked scores set to -inf before the softmax."""
+    s, d = q.shape[-2], q.shape[-1]
+    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(d)
+    scores = scores.masked_fill(~window_mask(s, window, q.device), float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ v.float()).to(q.dtype)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
+    s = q.shape[-2]
+    if window <= 0 or window >= s:  # the window covers every earlier token: plain causal
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(s, window, q.device))
+
+
+def flash_usable(q: torch.Tensor) -> bool:
+    return HAS_TRITON and q.is_cuda and q.shape[-1] in _FLASH_HEAD_DIMS
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """Causal (optionally sliding-window) attention; q, k, v are [batch, heads, seq, head_dim]."""
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape:
+        raise ValueError(f"q, k, v must all be [batch, heads, seq, head_dim]; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+    if flash_usable(q):
+        return flash_attention(q, k, v, window)
+    return sdpa_attention(q, k, v, window)
+
+
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:
+    """The Triton kernel (CUDA + triton only); differentiable through an SDPA-recompute backward."""
+    if not flash_usable(q):
+        raise RuntimeError(f"flash_attention needs CUDA, triton and head_dim in {_FLASH_HEAD_DIMS}; "
+                           "call causal_attention to fall back automatically")
+    return _FlashAttention.apply(q, k, v, window)
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+        out = _flash_forward(q, k, v, window)
+        ctx.save_for_backward(q, k, v)
+        ctx.window = window
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        q, k, v = ctx.saved_tensors
+        with torch.enable_grad():
+            qr, kr, vr = (t.detach().requires_grad_(True) for t in (q, k, v))
+            out = sdpa_attention(qr, kr, vr, ctx.window)
+            dq, dk, dv = torch.autograd.grad(out, (qr, kr, vr), grad_out)
+        return dq, dk, dv, None
+
+
+def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int) -> torch.Tensor:
+    b, h, s, d = q.shape
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    fp32 = q.dtype == torch.float32
+    block_m = 64 if not fp32 or d <= 64 else 32
+    block_n = 64 if not fp32 or d <= 64 else 32
+    grid = (triton.cdiv(s, block_m), b * h)
+    _flash_fwd_kernel[grid](
+        q, k, v, out, 1.0 / math.sqrt(d) * 1.4426950408889634,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        h, s, window if 0 < window < s else s,  # a window of s is plain causal: no branch in the kernel
+        BLOCK_M=block_m, BLOCK_N=block_n, HEAD_DIM=d, IEEE=fp32, num_warps=4, num_stages=2)
+    return out
+
+
+if HAS_TRITON:
+
+    @triton.jit
+    def _flash_fwd_kernel(Q, K, V, O, scale_log2,
+                          sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd, sob, soh, sos, sod,
+                          H, S, WINDOW,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                          IEEE: tl.constexpr):
+        start_m = tl.program_id(0)
+        bh = tl.program_id(1)
+        bi = bh // H
+        hi_ = bh % H
+        rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = tl.arange(0, BLOCK_N)
+        offs_d = tl.arange(0, HEAD_DIM)
+        q = tl.load(Q + bi * sqb + hi_ * sqh + rows[:, None] * sqs + offs_d[None, :] * sqd,
+                    mask=rows[:, None] < S, other=0.0)
+        m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+        # Causality bounds the key range above; the window bounds it below (whole blocks skipped).
+        hi = tl.minimum((start_m + 1) * BLOCK_M, S)
+        lo = (tl.maximum(start_m * BLOCK_M - WINDOW + 1, 0) // BLOCK_N) * BLOCK_N
+        for start_n in range(lo, hi, BLOCK_N):
+            cols = start_n + offs_n
+            kt = tl.load(K + bi * skb + hi_ * skh + cols[None, :] * sks + offs_d[:, None] * skd,
+                         mask=cols[None, :] < S, other=0.0)
+            if IEEE:
+                qk = tl.dot(q, kt, input_precision="ieee") * scale_log2
+            else:
+                qk = tl.dot(q, kt) * scale_log2
+            valid = (cols[None, :] <= rows[:, None]) & (cols[None, :] > rows[:, None] - WINDOW)
+            valid = valid & (cols[None, :] < S)
+            qk = tl.where(valid, qk, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            # A row with no visible key in this block keeps m = -inf; shift by 0 to avoid inf - inf.
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.exp2(qk - m_safe[:, None])
+            alpha = tl.exp2(m_i - m_safe)
+            l_i = l_i * alpha + tl.sum(p, 1)
+            v = tl.load(V + bi * svb + hi_ * svh + cols[:, None] * svs + offs_d[None, :] * svd,
+                        mask=cols[:, None] < S, other=0.0)
+            if IEEE:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+            else:
+                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m_i = m_new
+        acc = acc / l_i[:, None]
+        tl.store(O + bi * sob + hi_ * soh + rows[:, None] * sos + offs_d[None, :] * sod,
+                 acc.to(O.dtype.element_ty), mask=rows[:, None] < S)

@@ -115,8 +115,9 @@ class TraceConfig:
     """Above this many unflushed events new events are dropped and counted (slow or full disk)."""
     hang_timeout_s: float = 60.0
     """A collective in flight longer than this is written to inflight/."""
-    clock_sync_interval_s: float = 60.0
-    """Re-estimate clock offsets to rank 0 this often (0 = only at start)."""
+    clock_sync_every: int = 100
+    """Re-estimate clock offsets to rank 0 every n steps (0 = only at start); a step count, not seconds,
+    because every rank must join the same ping-pong round."""
     nvml: bool = True
     """Sample GPU health with NVML (switches itself off without a GPU)."""
     nvml_interval_s: float = 1.0

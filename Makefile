@@ -1,0 +1,33 @@
+# Two entry points for a fresh machine: `make demo` (the main job) and `make test` (the suite).
+# Both create .venv and install everything on first use.
+
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.megascope-installed
+
+.PHONY: setup demo test bench clean
+
+$(STAMP): pyproject.toml scripts/install-torch.sh
+	$(PYTHON) -m venv $(VENV)
+	scripts/install-torch.sh $(PY)
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+setup: $(STAMP)
+
+demo: setup
+	$(VENV)/bin/megascope demo
+
+test: setup
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/tracer_overhead.py
+	$(PY) benchmarks/ddp_compare.py
+	$(PY) benchmarks/pipeline_bubble.py
+	$(PY) benchmarks/analyzer_accuracy.py
+	$(PY) benchmarks/analyzer_scale.py
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info

@@ -1,0 +1,110 @@
+"""`megascope train`: resolve the config (defaults < preset < TOML < flags), validate, launch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from megascope.trainer.config import ConfigError, JobConfig, apply_overrides, load_toml, validate
+from megascope.trainer.faults import FaultSpecError, parse_specs
+from megascope.trainer.presets import PRESETS, preset
+
+# flag -> (section, field); every flag defaults to None so only flags the user gave override.
+FLAGS: dict[str, tuple[str, str, type]] = {
+    "--dp": ("parallel", "dp", int),
+    "--tp": ("parallel", "tp", int),
+    "--pp": ("parallel", "pp", int),
+    "--vpp": ("parallel", "vpp", int),
+    "--steps": ("train", "steps", int),
+    "--seed": ("train", "seed", int),
+    "--global-batch": ("train", "global_batch", int),
+    "--micro-batch": ("train", "micro_batch", int),
+    "--lr": ("train", "lr", float),
+    "--optimizer": ("train", "optimizer", str),
+    "--device": ("train", "device", str),
+    "--dtype": ("train", "dtype", str),
+    "--layers": ("model", "n_layers", int),
+    "--hidden": ("model", "hidden", int),
+    "--heads": ("model", "n_heads", int),
+    "--seq-len": ("model", "seq_len", int),
+    "--window": ("model", "window", int),
+    "--parallel-block": ("model", "parallel_block", str),
+    "--zero": ("parallel", "zero", str),
+    "--sequence-parallel": ("parallel", "sequence_parallel", str),
+    "--scatter-gather": ("parallel", "scatter_gather", str),
+    "--recompute": ("parallel", "recompute", str),
+    "--data": ("data", "path", str),
+    "--trace": ("trace", "enabled", str),
+    "--trace-level": ("trace", "level", str),
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "train", help="train a GPT with dp x tp x pp parallelism, traced into a run directory",
+        description="Train a GPT with tensor, pipeline and data parallelism (world = dp*tp*pp), "
+                    "launched through torch.distributed's elastic launcher; every rank streams its "
+                    "trace into the run directory. Settings: defaults < --preset < --config < flags.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", metavar="FILE.toml", help="TOML file with [model] [parallel] [train] [data] [trace]")
+    p.add_argument("--preset", choices=sorted(PRESETS), help="named starting point (tiny runs in seconds on a CPU)")
+    p.add_argument("--run-dir", help="where the trace and run.json go (default runs/<timestamp>)")
+    p.add_argument("--inject", action="append", default=None, metavar="SPEC",
+                   help="fault to inject, repeatable: straggler:rank=R,slowdown=X[,from=S][,to=S] | "
+                        "late_launch:rank=R,ms=M[,every=K] | flap:ranks=A-B,down_ms=D,period_steps=P | "
+                        "hang:rank=R,at=S | crash:rank=R,at=S")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override any config field, e.g. --set trace.flush_interval_s=1")
+    for flag, (section, name, kind) in FLAGS.items():
+        help_kind = "on|off" if kind is str and name in _BOOL_FIELDS else kind.__name__.upper()
+        p.add_argument(flag, type=kind, default=None, metavar=help_kind, help=f"{section}.{name}")
+    launch = p.add_argument_group("launch (torch.distributed elastic)")
+    launch.add_argument("--nnodes", type=int, default=1, help="number of nodes")
+    launch.add_argument("--node-rank", type=int, default=0, help="this node's index (static rendezvous)")
+    launch.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default world/nnodes)")
+    launch.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend")
+    launch.add_argument("--rdzv-endpoint", default="", help="host:port of the rendezvous (required with --nnodes > 1)")
+    launch.add_argument("--rdzv-id", default="", help="job id shared by all nodes (default: the run directory name)")
+    launch.add_argument("--max-restarts", type=int, default=0, help="elastic restarts of the worker group")
+
+
+_BOOL_FIELDS = {"parallel_block", "zero", "sequence_parallel", "scatter_gather", "enabled"}
+
+
+def resolve_config(args: argparse.Namespace) -> JobConfig:
+    """defaults < preset < TOML < flags < --set, then validate (before any process starts)."""
+    cfg = JobConfig()
+    if args.preset:
+        apply_overrides(cfg, preset(args.preset), source=f"preset {args.preset}")
+    if args.config:
+        load_toml(cfg, args.config)
+    overrides: dict[str, dict] = {}
+    for flag, (section, name, _) in FLAGS.items():
+        value = getattr(args, flag.lstrip("-").replace("-", "_"))
+        if value is not None:
+            overrides.setdefault(section, {})[name] = value
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not eq or not dot:
+            raise ConfigError(f"--set '{item}': expected SECTION.KEY=VALUE, e.g. train.lr=1e-3")
+        overrides.setdefault(section, {})[name] = value
+    apply_overrides(cfg, overrides, source="command line")
+    if args.run_dir:
+        cfg.run_dir = args.run_dir
+    if args.inject is not None:
+        cfg.inject = list(args.inject)
+    validate(cfg)
+    parse_specs(cfg.inject, cfg.world_size)
+    return cfg
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        cfg = resolve_config(args)
+    except (ConfigError, FaultSpecError, KeyError) as exc:
+        print(f"megascope train: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return 2
+    from megascope.trainer.launch import launch  # torch import deferred until the config is known good
+
+    return launch(cfg, args)

@@ -87,3 +87,20 @@ def test_flap_stalls_only_the_link_in_down_phases(monkeypatch):
         f.before_p2p([2])
         f.before_p2p([1])  # another link: never stalls
     assert slept == [0.05] * 4  # steps 2,3 and 6,7 are down
+
+
+def test_config_reference_is_current():
+    from pathlib import Path
+
+    from megascope.trainer.config_docs import markdown
+
+    doc = Path(__file__).parent.parent / "docs" / "config.md"
+    assert doc.read_text().strip() == markdown().strip(), \
+        "docs/config.md is stale: python -m megascope.trainer.config_docs > docs/config.md"
+
+
+def test_train_help_explains_flags(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--help"])
+    out = capsys.readouterr().out
+    assert "[parallel.tp] Tensor-parallel degree" in out and "--inject" in out

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from megascope.trainer.config_docs import field_docs
 from megascope.trainer.config import ConfigError, JobConfig, apply_overrides, load_toml, validate
 from megascope.trainer.faults import FaultSpecError, parse_specs
 from megascope.trainer.presets import PRESETS, preset
@@ -45,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Train a GPT with tensor, pipeline and data parallelism (world = dp*tp*pp), "
                     "launched through torch.distributed's elastic launcher; every rank streams its "
                     "trace into the run directory. Settings: defaults < --preset < --config < flags.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        epilog="All config fields: docs/config.md. Faults: docs/faults.md.")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file with [model] [parallel] [train] [data] [trace]")
     p.add_argument("--preset", choices=sorted(PRESETS), help="named starting point (tiny runs in seconds on a CPU)")
     p.add_argument("--run-dir", help="where the trace and run.json go (default runs/<timestamp>)")
@@ -55,9 +56,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "hang:rank=R,at=S | crash:rank=R,at=S")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any config field, e.g. --set trace.flush_interval_s=1")
+    docs = field_docs()
     for flag, (section, name, kind) in FLAGS.items():
         help_kind = "on|off" if kind is str and name in _BOOL_FIELDS else kind.__name__.upper()
-        p.add_argument(flag, type=kind, default=None, metavar=help_kind, help=f"{section}.{name}")
+        doc = docs[type(getattr(JobConfig(), section)).__name__].get(name, "")
+        p.add_argument(flag, type=kind, default=None, metavar=help_kind, help=f"[{section}.{name}] {doc}")
     launch = p.add_argument_group("launch (torch.distributed elastic)")
     launch.add_argument("--nnodes", type=int, default=1, help="number of nodes")
     launch.add_argument("--node-rank", type=int, default=0, help="this node's index (static rendezvous)")

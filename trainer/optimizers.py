@@ -1,0 +1,156 @@
+"""AdamW and LAMB on flat fp32 shards.
+
+The distributed optimizer hands each rank one flat fp32 tensor: its 1/dp slice of every gradient
+bucket, concatenated (or, without ZeRO, the whole buffer). Parameters are cut at arbitrary points by
+that slicing, so anything per-parameter (weight-decay exemption, LAMB's per-layer trust ratio) is
+described by a `ShardLayout`: for every element of the shard, which parameter it belongs to.
+
+LAMB needs the norm of each FULL parameter while a rank holds only pieces of it: it sums squares per
+parameter segment locally, all-reduces that one small vector over dp, and over tp for parameters that
+tensor parallelism splits (`tp_sharded=True`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from megascope.tracer import comm
+
+ADAMW_EPS = 1e-8  # torch.optim.AdamW's default
+LAMB_EPS = 1e-6   # You et al. 2019 / NVIDIA apex FusedLAMB default
+
+
+@dataclass
+class ShardLayout:
+    """What each element of a flat shard is. Padding elements belong to segment `n_params`."""
+
+    segment_ids: torch.Tensor
+    """int64 [numel]: index of the parameter an element belongs to (n_params for padding)."""
+    n_params: int
+    """Number of parameters the optimizer manages (same numbering on every dp and tp rank)."""
+    decay_mask: torch.Tensor
+    """fp32 [numel]: 1 where weight decay applies (params with ndim >= 2), else 0."""
+    tp_sharded: torch.Tensor
+    """bool [n_params]: the parameter is split across tensor-parallel ranks."""
+
+    @property
+    def numel(self) -> int:
+        return self.segment_ids.numel()
+
+    @classmethod
+    def for_tensors(cls, params: list[torch.Tensor], tp_sharded: list[bool] | None = None) -> "ShardLayout":
+        """Layout of the plain concatenation of `params` (no sharding, no padding); used by tests and
+        by anyone optimizing a handful of tensors flattened into one."""
+        ids = torch.cat([torch.full((p.numel(),), i, dtype=torch.int64) for i, p in enumerate(params)])
+        decay = torch.cat([torch.full((p.numel(),), float(p.dim() >= 2)) for p in params])
+        sharded = torch.tensor(tp_sharded if tp_sharded is not None else [False] * len(params))
+        return cls(ids, len(params), decay, sharded)
+
+    def to(self, device: torch.device) -> "ShardLayout":
+        return ShardLayout(self.segment_ids.to(device), self.n_params, self.decay_mask.to(device),
+                           self.tp_sharded.to(device))
+
+
+class AdamW:
+    """Decoupled weight decay Adam (Loshchilov & Hutter), step-for-step the same arithmetic as
+    torch.optim.AdamW (non-fused, non-amsgrad), on one flat shard."""
+
+    def __init__(self, layout: ShardLayout, betas: tuple[float, float], weight_decay: float,
+                 eps: float = ADAMW_EPS) -> None:
+        self.layout = layout
+        self.beta1, self.beta2 = betas
+        self.weight_decay = weight_decay
+        self.eps = eps
+        self.step_count = 0
+        self.exp_avg = torch.zeros(layout.numel, dtype=torch.float32, device=layout.segment_ids.device)
+        self.exp_avg_sq = torch.zeros_like(self.exp_avg)
+
+    def step(self, params: torch.Tensor, grads: torch.Tensor, lr: float) -> None:
+        self.step_count += 1
+        bc1 = 1 - self.beta1 ** self.step_count
+        bc2 = 1 - self.beta2 ** self.step_count
+        # decay first, as torch does: p *= 1 - lr*wd (only where the mask is 1)
+        params.mul_(1 - lr * self.weight_decay * self.layout.decay_mask)
+        self.exp_avg.lerp_(grads, 1 - self.beta1)
+        self.exp_avg_sq.mul_(self.beta2).addcmul_(grads, grads, value=1 - self.beta2)
+        denom = (self.exp_avg_sq.sqrt() / math.sqrt(bc2)).add_(self.eps)
+        params.addcdiv_(self.exp_avg, denom, value=-lr / bc1)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step_count, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step_count = int(state["step"])
+        self.exp_avg.copy_(state["exp_avg"])
+        self.exp_avg_sq.copy_(state["exp_avg_sq"])
+
+
+class Lamb(AdamW):
+    """LAMB (You et al. 2019, "Large Batch Optimization for Deep Learning"), bias-corrected:
+
+        u = m_hat / (sqrt(v_hat) + eps) + wd * w
+        w -= lr * (||w|| / ||u||) * u          per parameter tensor
+
+    with the trust ratio set to 1 where either norm is 0, and (as NVIDIA apex's FusedLAMB does by
+    default) only for parameters that take weight decay: biases and norms get plain Adam steps.
+    Norms are of full parameters: partial sums are all-reduced over `dp_group` (when the shard is a
+    ZeRO slice) and over `tp_group` for tensor-parallel-split parameters.
+    """
+
+    def __init__(self, layout: ShardLayout, betas: tuple[float, float], weight_decay: float,
+                 eps: float = LAMB_EPS, dp_group: object | None = None, tp_group: object | None = None,
+                 before_dp_collective: Callable[[], None] | None = None) -> None:
+        super().__init__(layout, betas, weight_decay, eps)
+        self.dp_group = dp_group
+        self.tp_group = tp_group
+        self.before_dp_collective = before_dp_collective
+        self._any_tp_sharded = bool(layout.tp_sharded.any())  # once, not a per-step device sync
+
+    def step(self, params: torch.Tensor, grads: torch.Tensor, lr: float) -> None:
+        self.step_count += 1
+        bc1 = 1 - self.beta1 ** self.step_count
+        bc2 = 1 - self.beta2 ** self.step_count
+        self.exp_avg.lerp_(grads, 1 - self.beta1)
+        self.exp_avg_sq.mul_(self.beta2).addcmul_(grads, grads, value=1 - self.beta2)
+        update = (self.exp_avg / bc1) / ((self.exp_avg_sq / bc2).sqrt_().add_(self.eps))
+        update.add_(params * self.layout.decay_mask, alpha=self.weight_decay)
+        w_norm, u_norm = self._full_param_norms(params, update)
+        ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+        ratio = torch.cat([ratio, ratio.new_ones(1)])  # padding segment
+        per_element = ratio[self.layout.segment_ids]
+        per_element = torch.where(self.layout.decay_mask > 0, per_element, torch.ones_like(per_element))
+        params.addcmul_(per_element, update, value=-lr)
+
+    def _full_param_norms(self, params: torch.Tensor, update: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-parameter ||w|| and ||u|| over the full tensors, from this shard's partial sums."""
+        n = self.layout.n_params
+        sums = params.new_zeros(2, n + 1)
+        sums[0].index_add_(0, self.layout.segment_ids, params * params)
+        sums[1].index_add_(0, self.layout.segment_ids, update * update)
+        sums = sums[:, :n].contiguous()
+        if self.dp_group is not None:
+            if self.before_dp_collective is not None:
+                self.before_dp_collective()
+            comm.all_reduce(sums, self.dp_group, "dp", name="lamb_norms")
+        if self.tp_group is not None and self._any_tp_sharded:
+            split = sums * self.layout.tp_sharded  # replicated params are whole on every tp rank
+            comm.all_reduce(split, self.tp_group, "tp", name="lamb_norms")
+            sums = torch.where(self.layout.tp_sharded, split, sums)
+        norms = sums.sqrt()
+        return norms[0], norms[1]
+
+
+def build_optimizer(name: str, layout: ShardLayout, betas: tuple[float, float], weight_decay: float,
+                    dp_group: object | None = None, tp_group: object | None = None,
+                    before_dp_collective: Callable[[], None] | None = None) -> AdamW:
+    """`name` is TrainConfig.optimizer: adamw or lamb. dp_group: set when the shard is a ZeRO slice."""
+    if name == "adamw":
+        return AdamW(layout, betas, weight_decay)
+    if name == "lamb":
+        return Lamb(layout, betas, weight_decay, dp_group=dp_group, tp_group=tp_group,
+                    before_dp_collective=before_dp_collective)
+    raise ValueError(f"optimizer '{name}' unknown; use adamw or lamb")

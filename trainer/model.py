@@ -97,9 +97,13 @@ class Block(nn.Module):
         """The parameter-free attention core (the selective-recomputation target)."""
         return self.attn.core
 
-    @attention_core.setter
-    def attention_core(self, module: nn.Module) -> None:
-        self.attn.core = module
+    def __setattr__(self, name: str, value: object) -> None:
+        # nn.Module.__setattr__ would register an assigned module under the name "attention_core"
+        # instead of calling a property setter; route it to the attention's core explicitly.
+        if name == "attention_core":
+            self.attn.core = value
+            return
+        super().__setattr__(name, value)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.parallel_block:

@@ -1,0 +1,98 @@
+"""The rank x step heatmap (MegaScale Fig. 7) from an analyzer Heatmap, and click decoding.
+
+The analyzer aggregates in DuckDB down to at most max_rows x max_cols cells, so the figure never
+holds more than a few hundred thousand values whatever the size of the job. Every cell carries
+customdata [first step, rank or -1] so a click can open the timeline at that step.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from megascope.dashboard.widgets import FIGURE_MARGIN, FIGURE_TEMPLATE, empty_figure
+
+METRICS: dict[str, str] = {
+    "compute": "compute time (s)",
+    "forward": "forward compute (s)",
+    "backward": "backward compute (s)",
+    "exposed_comm": "exposed communication (s)",
+    "lateness": "arrival lateness (s)",
+    "step_time": "step time (s)",
+    "mfu": "MFU",
+}
+GROUPINGS: dict[str, str] = {"rank": "rank", "dp": "data parallel", "pp": "pipeline stage",
+                             "tp": "tensor parallel", "host": "host"}
+_HIGHER_IS_WORSE = {"compute", "forward", "backward", "exposed_comm", "lateness", "step_time"}
+_LEADING_INT = re.compile(r"-?\d+")
+
+
+def heatmap_figure(heatmap: Any, metric: str, group_by: str) -> go.Figure:
+    """A Plotly heatmap of analyzer Heatmap rows x step columns, warm colors where it hurts."""
+    rows, cols, values = _parts(heatmap)
+    if values.size == 0:
+        return empty_figure("No steps recorded yet")
+    first_steps = [leading_int(c) for c in cols]
+    row_ranks = [leading_int(r) if group_by == "rank" else -1 for r in rows]
+    customdata = np.dstack(np.broadcast_arrays(np.array(first_steps)[None, :],
+                                               np.array(row_ranks)[:, None]))
+    fig = go.Figure(go.Heatmap(
+        z=values, x=[str(c) for c in cols], y=[str(r) for r in rows], customdata=customdata,
+        colorscale="YlOrRd" if metric in _HIGHER_IS_WORSE else "YlOrRd_r",
+        colorbar=dict(title=METRICS.get(metric, metric)),
+        hovertemplate=f"{GROUPINGS.get(group_by, group_by)} %{{y}}<br>step %{{x}}<br>"
+                      f"{METRICS.get(metric, metric)}: %{{z:.4g}}<extra>click: open in timeline</extra>",
+    ))
+    fig.update_layout(template=FIGURE_TEMPLATE, margin=FIGURE_MARGIN, height=max(360, min(900, 18 * len(rows) + 120)),
+                      xaxis=dict(title="step", type="category"),
+                      yaxis=dict(title=GROUPINGS.get(group_by, group_by), type="category", autorange="reversed"))
+    return fig
+
+
+def clicked_cell(click_data: dict | None) -> tuple[int, int | None] | None:
+    """(step, rank or None) of a clicked heatmap cell, None when nothing usable was clicked."""
+    if not click_data or not click_data.get("points"):
+        return None
+    point = click_data["points"][0]
+    custom = point.get("customdata")
+    if isinstance(custom, (list, tuple)) and len(custom) == 2 and custom[0] is not None:
+        step, rank = int(custom[0]), int(custom[1])
+    else:  # no customdata (older plotly.js): fall back to the labels
+        step, rank = leading_int(point.get("x")), -1
+    if step < 0:
+        return None
+    return step, (rank if rank >= 0 else None)
+
+
+class _ReorderedHeatmap:
+    def __init__(self, row_labels: list, col_labels: list, values: np.ndarray):
+        self.row_labels, self.col_labels, self.values = row_labels, col_labels, values
+
+
+def ordered_rows(heatmap: Any, topology: pd.DataFrame, order: str) -> Any:
+    """Reorder per-rank rows so ranks of one stage / replica / host sit together."""
+    key_cols = {"pp": ["pp", "dp", "tp"], "dp": ["dp", "pp", "tp"], "tp": ["tp", "pp", "dp"],
+                "host": ["host", "local_rank"]}.get(order)
+    if key_cols is None or topology.empty:
+        return heatmap
+    position = {int(r): i for i, r in enumerate(topology.sort_values(key_cols)["rank"])}
+    labels = list(heatmap.row_labels)
+    sort = sorted(range(len(labels)), key=lambda i: position.get(leading_int(labels[i]), len(position) + i))
+    return _ReorderedHeatmap([labels[i] for i in sort], list(heatmap.col_labels), np.asarray(heatmap.values)[sort])
+
+
+def _parts(heatmap: Any) -> tuple[list, list, np.ndarray]:
+    values = np.asarray(heatmap.values, dtype=float)
+    return list(heatmap.row_labels), list(heatmap.col_labels), values
+
+
+def leading_int(label: Any) -> int:
+    """A step or rank from a label: 12, '12', 'rank 3', '100-109' (a bin: its first step)."""
+    if isinstance(label, (int, np.integer)):
+        return int(label)
+    match = _LEADING_INT.search(str(label))
+    return int(match.group()) if match else -1

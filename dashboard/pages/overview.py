@@ -1,0 +1,98 @@
+"""Overview: the run's topology and config, MFU and step time over steps, and the findings."""
+
+from __future__ import annotations
+
+from urllib.parse import urlencode
+
+import dash
+from dash import Input, Output, callback, dcc, html
+
+from megascope.analyzer import Finding, Run
+from megascope.dashboard.run_gaps import describe_gaps
+from megascope.dashboard.runs import current_catalog
+from megascope.dashboard.series_figure import mfu_figure
+from megascope.dashboard.widgets import key_values, notices
+
+dash.register_page(__name__, path="/", name="Overview", order=0, title="megascope: overview")
+
+# finding kind -> (page, heatmap metric) that shows it best
+_FINDING_VIEWS = {
+    "straggler": ("heatmap", "compute"), "stage_imbalance": ("heatmap", "compute"),
+    "late_launch": ("heatmap", "lateness"), "network_flap": ("heatmap", "exposed_comm"),
+    "mfu_drop": ("heatmap", "mfu"), "hang": ("topology", None),
+}
+
+
+def layout(**_query: str) -> html.Div:
+    return html.Div([
+        html.H2("Overview"),
+        html.Div(id="overview-notices"),
+        html.Div(className="row", children=[
+            html.Div(id="overview-summary", className="panel panel-narrow"),
+            html.Div(className="panel panel-wide", children=[
+                html.H3("MFU and step time"),
+                dcc.Graph(id="overview-mfu", config={"displaylogo": False}),
+            ]),
+        ]),
+        html.Div(className="panel", children=[html.H3("Findings"), html.Div(id="overview-findings")]),
+    ])
+
+
+@callback(Output("overview-notices", "children"), Output("overview-summary", "children"),
+          Output("overview-mfu", "figure"), Output("overview-findings", "children"),
+          Input("app-run", "value"), Input("app-interval", "n_intervals"))
+def refresh(run_value: int | None, _tick: int | None):
+    catalog = current_catalog()
+    index = catalog.index(run_value)
+    return catalog.cached(index, ("overview",), lambda run: (
+        notices(describe_gaps(run)), run_summary(run), mfu_figure(run.mfu().per_step),
+        findings_table(run.findings(), index)))
+
+
+def run_summary(run: Run) -> html.Div:
+    """Run id, topology and model shape from run.json, and the mean MFU."""
+    m = run.manifest
+    topo, model = m.get("topology", {}), m.get("model", {})
+    mean = run.mfu().mean
+    rows = [("run", m.get("run_id", "?")), ("started", m.get("start_time", "?")),
+            ("world", topo.get("world", len(run.topology))),
+            ("dp x pp x tp", f"{topo.get('dp', '?')} x {topo.get('pp', '?')} x {topo.get('tp', '?')}"),
+            ("hosts", run.topology["host"].nunique() if not run.topology.empty else 0),
+            ("model", ", ".join(f"{k} {v}" for k, v in model.items() if not isinstance(v, (dict, list)))),
+            ("peak FLOP/s per device", m.get("peak_flops", m.get("peak_flops_per_device", "?"))),
+            ("mean MFU(%)", "n/a" if mean is None or mean != mean else f"{100 * mean:.2f}")]
+    return html.Div([html.H3("Run"), key_values(rows)])
+
+
+def findings_table(findings: list[Finding], run_index: int) -> html.Div:
+    """One row per finding with a link to the page that shows it."""
+    if not findings:
+        return html.P("No findings: no straggler, imbalance, late launch, flap or hang detected.",
+                      className="muted")
+    head = html.Tr([html.Th(h) for h in ("kind", "ranks", "hosts", "steps", "severity", "summary", "")])
+    rows = [html.Tr([html.Td(f.kind), html.Td(_short(f.ranks)), html.Td(_short(f.hosts)),
+                     html.Td(f"{f.steps[0]}-{f.steps[1]}" if f.steps else ""),
+                     html.Td(f"{f.severity:.3g}" if isinstance(f.severity, float) else str(f.severity)),
+                     html.Td(f.summary), html.Td(dcc.Link("show", href=finding_href(f, run_index)))],
+                    className=f"finding finding-{f.kind}")
+            for f in findings]
+    return html.Table([html.Thead(head), html.Tbody(rows)], className="grid findings", id="overview-findings-table")
+
+
+def finding_href(finding: Finding, run_index: int) -> str:
+    """The page that shows a finding: the heatmap on its metric, or the topology for a hang."""
+    page, metric = _FINDING_VIEWS.get(finding.kind, ("timeline", None))
+    query: dict[str, object] = {"run": run_index}
+    if metric:
+        query["metric"] = metric
+    if finding.ranks:
+        query["ranks"] = ",".join(str(r) for r in list(finding.ranks)[:8])
+    if finding.steps:
+        query["step"] = finding.steps[0]
+    return f"/{page}?{urlencode(query)}"
+
+
+def _short(values, limit: int = 8) -> str:
+    values = list(values or [])
+    text = ", ".join(str(v) for v in values[:limit])
+    return text + (f" (+{len(values) - limit})" if len(values) > limit else "")

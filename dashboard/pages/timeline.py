@@ -1,0 +1,130 @@
+"""Timeline (MegaScale Fig. 8): the events of chosen ranks in one step, with dependency arrows."""
+
+from __future__ import annotations
+
+import dash
+import pandas as pd
+from dash import Input, Output, callback, dcc, html
+
+from megascope.analyzer import Run
+from megascope.dashboard.rank_groups import group_members, rank_label
+from megascope.dashboard.runs import current_catalog
+from megascope.dashboard.timeline_figure import Highlight, related_events, timeline_figure
+from megascope.dashboard.widgets import notices
+
+dash.register_page(__name__, path="/timeline", name="Timeline", order=2, title="megascope: timeline")
+
+MAX_ROWS = 32  # ranks on screen at once: a timeline is for reading, the heatmap is for scanning
+_VIEWS = {"ranks": "chosen ranks", "pp": "their pipeline", "dp": "their data-parallel group",
+          "tp": "their tensor-parallel group"}
+
+
+def layout(step: str | None = None, ranks: str | None = None, view: str = "pp", **_query: str) -> html.Div:
+    return html.Div([
+        html.H2("Timeline"),
+        html.Div(className="controls", children=[
+            html.Label(["step", dcc.Input(id="timeline-step", type="number", min=0, step=1,
+                                          value=_int_or_none(step), debounce=True)]),
+            # options start with the linked ranks so the value survives until rank_options fills them in
+            html.Label(["ranks", dcc.Dropdown(id="timeline-ranks", multi=True, value=_ranks(ranks),
+                                              options=[{"label": f"rank {r}", "value": r} for r in _ranks(ranks)],
+                                              placeholder="rank 0")]),
+            html.Label(["show", dcc.RadioItems(id="timeline-view", value=view if view in _VIEWS else "pp", inline=True,
+                                               options=[{"label": v, "value": k} for k, v in _VIEWS.items()])]),
+            dcc.Checklist(id="timeline-critical", options=[{"label": " critical path", "value": "on"}], value=[]),
+        ]),
+        html.Div(id="timeline-notices"),
+        dcc.Store(id="timeline-selected"),
+        dcc.Loading(dcc.Graph(id="timeline-graph", config={"displaylogo": False})),
+        html.Div(id="timeline-details", className="panel"),
+    ])
+
+
+@callback(Output("timeline-ranks", "options"), Input("app-run", "value"))
+def rank_options(run_value: int | None):
+    topology = current_catalog().cached(run_value, ("topology",), lambda run: run.topology)
+    return [{"label": rank_label(topology, int(r)), "value": int(r)} for r in topology["rank"]]
+
+
+@callback(Output("timeline-selected", "data"), Input("timeline-graph", "clickData"), prevent_initial_call=True)
+def select_event(click_data: dict | None):
+    """Remember the clicked event (customdata of bars is the event id; -1 marks gaps)."""
+    try:
+        event_id = int(click_data["points"][0]["customdata"])
+    except (TypeError, KeyError, IndexError, ValueError):
+        return None
+    return event_id if event_id >= 0 else None
+
+
+@callback(Output("timeline-graph", "figure"), Output("timeline-details", "children"),
+          Output("timeline-notices", "children"),
+          Input("timeline-step", "value"), Input("timeline-ranks", "value"), Input("timeline-view", "value"),
+          Input("timeline-critical", "value"), Input("timeline-selected", "data"),
+          Input("app-run", "value"), Input("app-interval", "n_intervals"))
+def update_timeline(step, ranks, view, critical, selected, run_value, _tick):
+    key = ("timeline", step, tuple(ranks or ()), view, bool(critical), selected)
+    return current_catalog().cached(run_value, key, lambda run: render(
+        run, _int_or_none(step), [int(r) for r in ranks or []], view, bool(critical), selected))
+
+
+def render(run: Run, step: int | None, ranks: list[int], view: str, critical: bool, selected: int | None):
+    """Figure, selection details and notices for one step of the chosen ranks."""
+    steps = run.steps()
+    if steps.empty:
+        return timeline_figure(pd.DataFrame(), pd.DataFrame(), {}), "", notices(["No steps recorded yet."])
+    step = int(steps["step"].max()) if step is None else step
+    shown = shown_ranks(run.topology, ranks or [int(steps["rank"].min())], view)
+    events = run.events(steps=(step, step), ranks=shown)
+    deps = run.dependencies(step, ranks=shown)
+    highlight = Highlight(selected=selected)
+    if selected is not None:
+        highlight.waited_on, highlight.waited_by = related_events(deps, selected)
+    if critical:
+        path = run.critical_path(step)
+        highlight.critical = [int(e) for e in path["event_id"]] if "event_id" in path else []
+    figure = timeline_figure(events, deps, {r: rank_label(run.topology, r) for r in shown}, highlight)
+    missing = [r for r in shown if events.empty or r not in set(events["rank"])]
+    gaps = [f"step {step}: no events from ranks {missing}"] if missing else []
+    return figure, selection_details(events, deps, highlight), notices(gaps)
+
+
+def shown_ranks(topology: pd.DataFrame, ranks: list[int], view: str) -> list[int]:
+    """The chosen ranks, widened to their dp/pp/tp groups when asked, at most MAX_ROWS."""
+    if view in ("dp", "pp", "tp"):
+        ranks = sorted({m for r in ranks for m in group_members(topology, r, view)})
+    return sorted(set(ranks))[:MAX_ROWS]
+
+
+def selection_details(events: pd.DataFrame, deps: pd.DataFrame, highlight: Highlight) -> html.Div:
+    """What the selected event waited on and what waited on it, with the wait of each edge."""
+    if highlight.selected is None or events.empty:
+        return html.P("Click an event to see what it waited on and what waited on it.", className="muted")
+    by_id = events.set_index("event_id")
+    if highlight.selected not in by_id.index:
+        return html.P("The selected event is not in this view.", className="muted")
+
+    def describe(event_id: int) -> str:
+        e = by_id.loc[event_id]
+        return f"{e['name']} ({e['kind']} {e['group']}) on rank {e['rank']}, mb {e['microbatch']}"
+
+    def edges(column: str, other: str, ids: set[int]) -> list[html.Li]:
+        rows = deps[(deps[column] == highlight.selected) & deps[other].isin(list(ids))]
+        return [html.Li(f"{describe(int(r[other]))} [{r['kind']}, wait {1e3 * r['wait_s']:.3f} ms]")
+                for _, r in rows.iterrows() if int(r[other]) in by_id.index]
+
+    return html.Div(id="timeline-selection", children=[
+        html.H3(f"Selected: {describe(highlight.selected)}"),
+        html.H4("waited on"), html.Ul(edges("dst_event_id", "src_event_id", highlight.waited_on) or [html.Li("nothing")]),
+        html.H4("waited on it"), html.Ul(edges("src_event_id", "dst_event_id", highlight.waited_by) or [html.Li("nothing")]),
+    ])
+
+
+def _int_or_none(value) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _ranks(text: str | None) -> list[int]:
+    return [int(p) for p in (text or "").split(",") if p.strip().lstrip("-").isdigit()]

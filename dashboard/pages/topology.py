@@ -1,0 +1,142 @@
+"""Topology (MegaScale 5.2): the dp x pp x tp grid of ranks; select one to see where it sits and talks."""
+
+from __future__ import annotations
+
+import math
+
+import dash
+import pandas as pd
+from dash import Input, Output, callback, dcc, html
+
+from megascope.analyzer import Run
+from megascope.dashboard.heatmap_figure import METRICS, leading_int
+from megascope.dashboard.rank_groups import rank_label, rank_neighbours
+from megascope.dashboard.runs import current_catalog
+from megascope.dashboard.topology_figure import clicked_rank, topology_figure
+from megascope.dashboard.widgets import data_table, key_values, notices
+
+dash.register_page(__name__, path="/topology", name="Topology", order=3, title="megascope: topology")
+
+_COLORS = {**METRICS, "findings": "worst finding (severity)"}
+
+
+def layout(color: str = "step_time", ranks: str | None = None, **_query: str) -> html.Div:
+    first = leading_int((ranks or "").split(",")[0]) if ranks else -1
+    return html.Div([
+        html.H2("Topology: pipeline stages x data-parallel replicas x tensor-parallel ranks"),
+        html.Div(className="controls", children=[
+            html.Label(["color by", dcc.Dropdown(id="topology-color", value=color if color in _COLORS else "step_time",
+                                                 clearable=False, options=[{"label": v, "value": k} for k, v in _COLORS.items()])]),
+        ]),
+        html.Div(id="topology-hang"),
+        dcc.Store(id="topology-rank", data=first if first >= 0 else None),
+        dcc.Loading(dcc.Graph(id="topology-graph", config={"displaylogo": False})),
+        html.Div(id="topology-details", className="panel"),
+    ])
+
+
+@callback(Output("topology-rank", "data"), Input("topology-graph", "clickData"), prevent_initial_call=True)
+def select_rank(click_data: dict | None):
+    rank = clicked_rank(click_data)
+    return dash.no_update if rank is None else rank
+
+
+@callback(Output("topology-graph", "figure"), Output("topology-hang", "children"),
+          Input("topology-color", "value"), Input("topology-rank", "data"),
+          Input("app-run", "value"), Input("app-interval", "n_intervals"))
+def update_grid(color: str, selected: int | None, run_value: int | None, _tick: int | None):
+    color = color if color in _COLORS else "step_time"
+    return current_catalog().cached(run_value, ("topology-grid", color, selected),
+                                    lambda run: render_grid(run, color, selected))
+
+
+@callback(Output("topology-details", "children"), Input("topology-rank", "data"),
+          Input("app-run", "value"), Input("app-interval", "n_intervals"))
+def update_details(selected: int | None, run_value: int | None, _tick: int | None):
+    if selected is None:
+        return html.P("Click a rank to see its position, data flow, peers, in-flight record and errors.",
+                      className="muted")
+    return current_catalog().cached(run_value, ("topology-rank", int(selected)),
+                                    lambda run: rank_details(run, int(selected)))
+
+
+def render_grid(run: Run, color: str, selected: int | None):
+    hang = run.hang()
+    suspects = [int(r) for r in hang.suspects] if hang is not None else []
+    values = finding_severity(run) if color == "findings" else metric_by_rank(run, color)
+    figure = topology_figure(run.topology, values, _COLORS[color], suspects, selected)
+    banner = notices([f"Hang: {hang.summary} Suspects (the ranks everyone waits on): {suspects}."], "error") \
+        if hang is not None else notices([])
+    return figure, banner
+
+
+def metric_by_rank(run: Run, metric: str) -> dict[int, float]:
+    """The metric per rank averaged over all steps (one column of the analyzer's heatmap)."""
+    heatmap = run.heatmap(metric, group_by="rank", max_rows=max(1, len(run.topology)), max_cols=1)
+    values: dict[int, float] = {}
+    for label, row in zip(heatmap.row_labels, heatmap.values):
+        finite = [float(v) for v in row if v is not None and not math.isnan(float(v))]
+        if finite:
+            values[leading_int(label)] = sum(finite) / len(finite)
+    return values
+
+
+def finding_severity(run: Run) -> dict[int, float]:
+    """Per rank, the severity of the worst finding naming it."""
+    worst: dict[int, float] = {}
+    for finding in run.findings():
+        for rank in finding.ranks or []:
+            worst[int(rank)] = max(worst.get(int(rank), 0.0), float(finding.severity or 0.0))
+    return worst
+
+
+def rank_details(run: Run, rank: int) -> html.Div:
+    """Position, data flow, peers, what the rank ran last step, in-flight record and errors."""
+    topo = run.topology
+    me = topo[topo["rank"] == rank]
+    if me.empty:
+        return html.P(f"rank {rank} is not in this run's topology.", className="muted")
+    row = me.iloc[0]
+    position = [("rank", rank), ("pipeline stage (pp)", row["pp"]), ("data-parallel replica (dp)", row["dp"]),
+                ("tensor-parallel rank (tp)", row["tp"]), ("host", row["host"]), ("local rank", row["local_rank"])]
+    flow = [(k, v or "none") for k, v in rank_neighbours(topo, rank).items()]
+    flow.append(("gradients", "flow backward: from the next stage to the previous one"))
+    return html.Div(id="topology-rank-details", children=[
+        html.H3(f"{rank_label(topo, rank)}"),
+        html.Div(className="row", children=[
+            html.Div([html.H4("position"), key_values(position)], className="panel-narrow"),
+            html.Div([html.H4("data flow and peers"), key_values(flow)], className="panel-wide"),
+        ]),
+        html.H4("collectives and transfers in the latest step"), collectives_table(run, rank),
+        html.H4("in-flight record and errors"), notices(rank_problems(run, rank), "error"),
+    ])
+
+
+def collectives_table(run: Run, rank: int) -> html.Div | html.Table:
+    steps = run.steps()
+    if steps.empty:
+        return html.P("No steps recorded yet.", className="muted")
+    last = int(steps["step"].max())
+    events = run.events(steps=(last, last), ranks=[rank])
+    comm = events[events["kind"].isin(["collective", "p2p"])] if not events.empty else events
+    if comm.empty:
+        return html.P(f"No communication events from rank {rank} in step {last}.", className="muted")
+    comm = comm.assign(time_ms=(comm["end_ns"] - comm["start_ns"]) / 1e6)
+    table = comm.groupby(["group", "kind", "name"], as_index=False).agg(
+        ops=("name", "size"), peers=("peer", lambda p: sorted({int(x) for x in p if x >= 0})),
+        MB=("bytes", lambda b: b.sum() / 1e6), total_ms=("time_ms", "sum"))
+    return data_table(pd.DataFrame(table))
+
+
+def rank_problems(run: Run, rank: int) -> list[str]:
+    """The hang record and the findings and warnings that concern this rank."""
+    problems: list[str] = []
+    hang = run.hang()
+    if hang is not None and rank in [int(r) for r in hang.suspects]:
+        problems.append(f"hang suspect: {hang.summary}")
+    elif hang is not None and rank in [int(r) for r in getattr(hang, "waiting", [])]:
+        problems.append(f"waiting in {getattr(hang, 'op', 'a collective')}: {hang.summary}")
+    problems += [f"{f.kind} (steps {f.steps[0]}-{f.steps[1]}, severity {f.severity:.3g}): {f.summary}"
+                 for f in run.findings() if rank in [int(r) for r in f.ranks or []]]
+    problems += [w for w in run.warnings if f"rank {rank}" in w]
+    return problems or ["none: no hang record, finding or warning names this rank"]

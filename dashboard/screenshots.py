@@ -1,0 +1,76 @@
+"""Remake the README screenshots: every page of the dashboard over real runs, in headless Chromium.
+
+    python -m megascope.dashboard.screenshots RUN [RUN...] [--out docs/screenshots]
+
+The first run is the one shown; further runs appear on the comparison page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from megascope.dashboard.app import create_app
+from megascope.dashboard.headless import chromium_driver
+from megascope.dashboard.serving import serve_in_thread
+
+# file name -> (path and query, CSS selector that is present once the page has drawn)
+PAGES: dict[str, tuple[str, str]] = {
+    "overview": ("/", "#overview-mfu .main-svg"),
+    "heatmap": ("/heatmap?metric=compute", "#heatmap-graph .main-svg"),
+    "timeline": ("/timeline?view=pp", "#timeline-graph .main-svg"),
+    "topology": ("/topology?color=step_time", "#topology-rank-details"),
+    "gpu": ("/gpu", "#gpu-graph .main-svg"),
+    "compare": ("/compare", "#compare-mfu .main-svg"),
+}
+
+
+def wait_for(driver, selector: str, timeout_s: float = 30.0) -> None:
+    """Wait until selector is on the page and Dash has no callback in flight."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout_s).until(ec.presence_of_element_located((By.CSS_SELECTOR, selector)))
+    WebDriverWait(driver, timeout_s).until(
+        lambda d: not d.find_elements(By.CSS_SELECTOR, "[data-dash-is-loading='true']"))
+    time.sleep(0.8)  # let Plotly finish its transitions before the picture is taken
+
+
+def take_screenshots(runs: list[str], out_dir: Path, pages: dict[str, tuple[str, str]] | None = None,
+                     extra_query: dict[str, str] | None = None) -> list[Path]:
+    """One PNG per page (1400x900 window), written to out_dir; returns the files."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    server = serve_in_thread(create_app(runs, refresh_s=3600))  # no refresh while shooting
+    driver = chromium_driver(1400, 900)
+    written: list[Path] = []
+    try:
+        for name, (path, selector) in (pages or PAGES).items():
+            query = (extra_query or {}).get(name, "")
+            driver.get(server.url + path + (("&" if "?" in path else "?") + query if query else ""))
+            wait_for(driver, selector)
+            target = out_dir / f"{name}.png"
+            driver.save_screenshot(str(target))
+            written.append(target)
+    finally:
+        driver.quit()
+        server.stop()
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", metavar="RUN")
+    parser.add_argument("--out", type=Path, default=Path("docs/screenshots"))
+    parser.add_argument("--step", type=int, help="step shown in the timeline (default: the latest)")
+    parser.add_argument("--rank", type=int, default=0, help="rank selected in timeline and topology")
+    args = parser.parse_args(argv)
+    timeline = f"ranks={args.rank}" + (f"&step={args.step}" if args.step is not None else "")
+    for path in take_screenshots(args.runs, args.out, extra_query={"timeline": timeline, "topology": f"ranks={args.rank}"}):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

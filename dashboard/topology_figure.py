@@ -1,0 +1,71 @@
+"""The 3D topology view (MegaScale section 5.2): pipeline stages down, dp x tp replicas across.
+
+Every cell is one rank; color is a per-rank value (a metric averaged over steps, or the severity of
+the worst finding that names the rank). Hang suspects are marked with a red X so the ranks everyone
+waits on stand out. """
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+from megascope.dashboard.widgets import FIGURE_MARGIN, FIGURE_TEMPLATE, empty_figure
+
+
+def topology_figure(topology: pd.DataFrame, values: dict[int, float], color_title: str,
+                    suspects: list[int] | None = None, selected: int | None = None) -> go.Figure:
+    """A pp x (dp, tp) grid of ranks colored by values[rank] (missing ranks are blank)."""
+    if topology.empty:
+        return empty_figure("run.json has no topology")
+    topo = topology.sort_values(["pp", "dp", "tp"])
+    tp_size = int(topo["tp"].max()) + 1
+    n_cols = (int(topo["dp"].max()) + 1) * tp_size
+    n_rows = int(topo["pp"].max()) + 1
+    z = np.full((n_rows, n_cols), np.nan)
+    ranks = np.full((n_rows, n_cols), -1)
+    hover = np.full((n_rows, n_cols), "", dtype=object)
+    text = np.full((n_rows, n_cols), "", dtype=object)
+    for r in topo.itertuples(index=False):
+        col = int(r.dp) * tp_size + int(r.tp)
+        z[r.pp, col] = values.get(int(r.rank), np.nan)
+        ranks[r.pp, col] = int(r.rank)
+        text[r.pp, col] = str(r.rank)
+        hover[r.pp, col] = f"rank {r.rank}<br>pp {r.pp} dp {r.dp} tp {r.tp}<br>host {r.host}"
+    x_labels = [f"dp{d}·tp{t}" for d in range(n_cols // tp_size) for t in range(tp_size)]
+    y_labels = [f"stage {p}" for p in range(n_rows)]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=x_labels, y=y_labels, customdata=ranks, hovertext=hover, colorscale="YlOrRd", xgap=2, ygap=2,
+        colorbar=dict(title=color_title), hovertemplate="%{hovertext}<br>" + color_title + ": %{z:.4g}<extra></extra>",
+        text=text, texttemplate="%{text}" if ranks.size <= 1024 else None,
+    ))
+    _mark(fig, topo, tp_size, suspects or [], "hang suspect", dict(symbol="x", size=18, color="#B00"))
+    if selected is not None:
+        _mark(fig, topo, tp_size, [selected], "selected",
+              dict(symbol="square-open", size=26, color="#000", line=dict(width=3)))
+    fig.update_layout(template=FIGURE_TEMPLATE, margin=FIGURE_MARGIN, height=max(260, 70 * n_rows + 140),
+                      xaxis=dict(title="data-parallel replica · tensor-parallel rank", type="category"),
+                      yaxis=dict(title="pipeline stage", type="category", autorange="reversed"),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom"))
+    return fig
+
+
+def _mark(fig: go.Figure, topo: pd.DataFrame, tp_size: int, ranks: list[int], name: str, marker: dict) -> None:
+    rows = topo[topo["rank"].isin(ranks)]
+    if rows.empty:
+        return
+    fig.add_trace(go.Scatter(
+        x=[f"dp{d}·tp{t}" for d, t in zip(rows["dp"], rows["tp"])], y=[f"stage {p}" for p in rows["pp"]],
+        mode="markers", name=name, marker=marker, customdata=rows["rank"], hovertemplate=f"{name}: rank %{{customdata}}<extra></extra>"))
+
+
+def clicked_rank(click_data: dict | None) -> int | None:
+    """The rank of a clicked topology cell or marker."""
+    if not click_data or not click_data.get("points"):
+        return None
+    rank = click_data["points"][0].get("customdata")
+    try:
+        rank = int(rank)
+    except (TypeError, ValueError):
+        return None
+    return rank if rank >= 0 else None

@@ -1,0 +1,124 @@
+"""The tracing API used by training code: one active tracer per process, ambient step, spans.
+
+    t = Tracer(run_dir, rank, cfg, device); activate(t)
+    set_step(step); set_microbatch(mb, chunk)
+    with span("forward"): ...            or    @span("optimizer", kind="host")
+    record_step(tokens=..., loss=...)
+    deactivate(); t.close()
+
+Like torch.profiler's active profiler, the active tracer is one slot set by activate(); nothing is
+created at import. With no active tracer, or in a step the schedule skips, a span costs one object
+and two attribute checks.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, TypeVar
+
+from megascope.tracer.core import Tracer
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_active: Tracer | None = None
+
+
+def activate(tracer: Tracer) -> None:
+    """Make `tracer` the one that spans, comm wrappers and set_step report to."""
+    global _active
+    if not isinstance(tracer, Tracer):
+        raise TypeError(f"activate() takes a Tracer, got {type(tracer).__name__}")
+    _active = tracer
+
+
+def deactivate() -> None:
+    """No active tracer: every span and comm wrapper becomes a no-op again."""
+    global _active
+    _active = None
+
+
+def active() -> Tracer | None:
+    return _active
+
+
+def set_step(step: int) -> None:
+    """Ambient step for what follows; also decides (schedule, level) whether its spans are recorded."""
+    tracer = _active
+    if tracer is not None:
+        tracer.set_step(step)
+
+
+def set_microbatch(microbatch: int, chunk: int = -1) -> None:
+    """Ambient micro-batch and virtual-pipeline chunk for spans and comm ops that follow."""
+    tracer = _active
+    if tracer is not None:
+        tracer.set_microbatch(microbatch, chunk)
+
+
+def now_ns() -> int:
+    """Now on the job's aligned clock (epoch ns); without an active tracer, this host's epoch."""
+    tracer = _active
+    if tracer is not None:
+        return tracer.now_ns()
+    import time
+
+    return time.time_ns()
+
+
+def record_step(step: int | None = None, start_ns: int | None = None, end_ns: int | None = None,
+                tokens: int = 0, loss: float = math.nan, lr: float = math.nan,
+                grad_norm: float = math.nan, model_flops: float = math.nan) -> None:
+    """Append this rank's steps-table row. start/end default to set_step() .. now; pass values from
+    now_ns() (the aligned clock), not time.time_ns(), if you measure them yourself."""
+    tracer = _active
+    if tracer is not None:
+        tracer.record_step(step, start_ns, end_ns, tokens, loss, lr, grad_norm, model_flops)
+
+
+class span:
+    """Time a region: `with span("forward"): ...` or `@span("optimizer", kind="host")`.
+
+    kind: compute | collective | p2p | host. microbatch/chunk default to the ambient values.
+    level="detail" spans are recorded only at trace level detail. As a decorator the tracer is looked
+    up at each call, so decorating at import time (before activate) works. Not re-entrant: use a
+    fresh span object per `with`.
+    """
+
+    __slots__ = ("name", "kind", "group", "peer", "bytes", "microbatch", "chunk", "detail",
+                 "_tracer", "_token")
+
+    def __init__(self, name: str, kind: str = "compute", group: str = "", peer: int = -1, bytes: int = 0,
+                 microbatch: int | None = None, chunk: int | None = None, level: str = "op") -> None:
+        self.name, self.kind, self.group, self.peer, self.bytes = name, kind, group, peer, bytes
+        self.microbatch, self.chunk = microbatch, chunk
+        self.detail = level == "detail"
+        self._tracer: Tracer | None = None
+
+    def __enter__(self) -> "span":
+        tracer = _active
+        if tracer is None or not (tracer.recording_detail if self.detail else tracer.recording):
+            self._tracer = None
+            return self
+        self._tracer = tracer
+        self._token = tracer.begin_span()
+        return self
+
+    def __exit__(self, *exc_info: object) -> bool:
+        tracer = self._tracer
+        if tracer is not None:
+            self._tracer = None
+            tracer.end_span(self.name, self.kind, self.group, self.peer, self.bytes,
+                            self.microbatch, self.chunk, self._token)
+        return False
+
+    def __call__(self, fn: F) -> F:
+        args = (self.name, self.kind, self.group, self.peer, self.bytes, self.microbatch, self.chunk,
+                "detail" if self.detail else "op")
+
+        @functools.wraps(fn)
+        def traced(*a: Any, **kw: Any) -> Any:
+            with span(*args):
+                return fn(*a, **kw)
+
+        return traced  # type: ignore[return-value]

@@ -1,0 +1,103 @@
+"""Kernel activity from CUPTI (cupti-python, `from cupti import cupti`) into the kernels table.
+
+CUPTI fills its own buffers and hands completed ones to a callback on its thread; a daemon thread
+asks for a flush every `flush_s` so kernels reach the store while the job runs. CUPTI timestamps are
+mapped to the aligned host clock through an offset measured at start (tightest of a few paired reads of
+`cupti.get_timestamp()` and `time.monotonic_ns()`). Only one CUPTI activity client can run per process
+(torch.profiler is one too): if enabling fails, recording switches itself off with one log line.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+import torch
+
+from megascope.tracer.clock import HostClock
+
+log = logging.getLogger("megascope.tracer")
+
+
+def _cupti_to_mono_ns(cupti: Any, samples: int = 7) -> int:
+    best_gap, best = None, 0
+    for _ in range(samples):
+        a = time.monotonic_ns()
+        ts = int(cupti.get_timestamp())
+        b = time.monotonic_ns()
+        if best_gap is None or b - a < best_gap:
+            best_gap, best = b - a, (a + b) // 2 - ts
+    return best
+
+
+class CuptiKernelRecorder:
+    def __init__(self, device: torch.device, clock: HostClock, emit: Callable[[tuple], None],
+                 flush_s: float = 2.0) -> None:
+        self.clock = clock
+        self.emit = emit
+        self.kernels = 0
+        self._cupti: Any = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if device.type != "cuda":
+            log.info("tracer: CUPTI kernel recording off (device %s is not a GPU)", device)
+            return
+        try:
+            from cupti import cupti
+
+            self._kind = cupti.ActivityKind.CONCURRENT_KERNEL
+            cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
+            cupti.activity_enable(self._kind)
+            self._offset = _cupti_to_mono_ns(cupti)
+            self._cupti = cupti
+        except Exception as exc:
+            log.info("tracer: CUPTI kernel recording off (%r); install cupti-python for it", exc)
+            return
+        self._thread = threading.Thread(target=self._run, args=(flush_s,), name="megascope-cupti",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def active(self) -> bool:
+        return self._cupti is not None
+
+    @staticmethod
+    def _buffer_requested() -> tuple[int, int]:
+        return 8 * 1024 * 1024, 0  # 8 MiB buffers, no record limit
+
+    def _buffer_completed(self, activities: list) -> None:
+        shift = self._offset + self.clock.shift_ns
+        for act in activities:
+            try:
+                if act.kind != self._kind:
+                    continue
+                self.emit((str(act.name), int(act.stream_id), int(act.correlation_id),
+                           int(act.start) + shift, int(act.end) + shift))
+                self.kernels += 1
+            except Exception as exc:  # called from CUPTI's thread: never raise into it
+                log.warning("tracer: skipping a CUPTI record: %r", exc)
+
+    def _run(self, flush_s: float) -> None:
+        while not self._stop.wait(flush_s):
+            self.flush()
+
+    def flush(self) -> None:
+        if self._cupti is None:
+            return
+        try:
+            self._cupti.activity_flush_all(1)
+        except Exception as exc:
+            log.warning("tracer: CUPTI flush failed: %r", exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        if self._cupti is not None:
+            self.flush()
+            try:
+                self._cupti.activity_disable(self._kind)
+            except Exception:
+                pass

@@ -61,17 +61,24 @@ def apply_tp(model: GPT, dims: ParallelDims, sequence_parallel: bool) -> None:
 
 def sync_tp_grads(model: nn.Module, dims: ParallelDims) -> None:
     """All-reduce over the tp group the gradients of replicated parameters that only saw this rank's
-    sequence chunk (tp_grad_allreduce). One flat collective; call after backward, before the optimizer."""
-    params = [p for p in model.parameters() if getattr(p, "tp_grad_allreduce", False) and p.grad is not None]
-    if dims.tp == 1 or not params:
+    sequence chunk (tp_grad_allreduce). Uses `param.main_grad` (the data-parallel fp32 buffer view)
+    when the parameter has one, else `param.grad`. One flat collective; call after backward (and
+    after the dp reduction if there is one: the two sums commute), before the optimizer."""
+    grads = [g for g in (_grad_of(p) for p in model.parameters() if getattr(p, "tp_grad_allreduce", False))
+             if g is not None]
+    if dims.tp == 1 or not grads:
         return
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    flat = torch.cat([g.reshape(-1) for g in grads])
     comm.all_reduce(flat, dims.groups["tp"], "tp", name="tp_grad_allreduce")
     offset = 0
-    for p in params:
-        n = p.grad.numel()
-        p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-        offset += n
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def _grad_of(param: nn.Parameter) -> torch.Tensor | None:
+    main_grad = getattr(param, "main_grad", None)
+    return main_grad if main_grad is not None else param.grad
 
 
 def full_tensor(shard: torch.Tensor, param: nn.Parameter, dims: ParallelDims) -> torch.Tensor:

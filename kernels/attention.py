@@ -11,7 +11,7 @@ Three implementations of the same math on q, k, v of shape [batch, heads, seq, h
   (no hand-written Triton backward yet): exact gradients, one extra attention forward in backward.
 
 `causal_attention` picks the fastest one that applies: the Triton kernel for a sliding window on
-CUDA, SDPA otherwise.
+CUDA when no gradient is needed, SDPA otherwise (timings in docs/model.md).
 """
 
 from __future__ import annotations
@@ -66,9 +66,11 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
         raise ValueError(f"q, k, v must all be [batch, heads, seq, head_dim]; got {tuple(q.shape)}, "
                          f"{tuple(k.shape)}, {tuple(v.shape)}")
     # Full causal attention: SDPA's own flash backend beat this kernel 2x on an H200. A window: SDPA
-    # has no fast path for a boolean mask and the Triton kernel (which skips out-of-window blocks) is
-    # 5-7x faster there.
-    if 0 < window < q.shape[-2] and flash_usable(q):
+    # has no fast path for a boolean mask and the Triton forward (which skips out-of-window blocks) is
+    # 5-7x faster, but with gradients our SDPA-recompute backward makes fwd+bwd ~5% slower than plain
+    # SDPA, so the kernel only runs when no gradient is needed (evaluation, inference).
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if 0 < window < q.shape[-2] and not needs_grad and flash_usable(q):
         return flash_attention(q, k, v, window)
     return sdpa_attention(q, k, v, window)
 

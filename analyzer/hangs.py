@@ -1,0 +1,117 @@
+"""Hang culprits from the in-flight records (RUN/inflight/rank=NNNNN.json, written by each rank's
+watchdog when a collective or p2p op stays in flight too long).
+
+Wait-for graph: a waiting rank points at the peers of its stuck op that never arrived there (a peer
+stuck in a different op, or one that wrote no record). The suspects are the ranks at the end of those
+chains that wrote nothing: everyone is (transitively) waiting on them. Their last recorded events say
+where they stopped.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megascope.analyzer.findings import Finding, hosts_of, rank_list
+from megascope.analyzer.store import Store
+from megascope.tracer import run_dir as rd
+
+
+@dataclass
+class HangReport:
+    suspects: list[int]
+    """Ranks everyone waits on: they never arrived and wrote no in-flight record."""
+    waiting: list[int]
+    """Ranks stuck in a collective/p2p op (they wrote a record)."""
+    op: str
+    """The op most waiters are stuck in (e.g. 'reduce_scatter (dp)')."""
+    step: int
+    summary: str
+    evidence: dict = field(default_factory=dict)
+
+    def to_finding(self, topology, world: int) -> Finding:
+        return Finding("hang", self.suspects, hosts_of(topology, self.suspects), (self.step, self.step),
+                       len(self.waiting) / max(1, world), self.summary, self.evidence)
+
+
+def read_inflight(path: Path, warnings: list[str]) -> dict[int, dict]:
+    records: dict[int, dict] = {}
+    folder = rd.inflight_dir(path)
+    if not folder.is_dir():
+        return records
+    for f in sorted(folder.glob("rank=*.json")):
+        try:
+            rec = json.loads(f.read_text())
+            records[int(rec["rank"])] = rec
+        except (ValueError, KeyError, TypeError) as exc:
+            warnings.append(f"skipped unreadable in-flight record {f.name}: {exc}")
+    return records
+
+
+def _waits_on(rec: dict, records: dict[int, dict]) -> list[int]:
+    """Peers of this record's op that did not arrive at the same op."""
+    me = int(rec["rank"])
+    out = []
+    for peer in rec.get("peers", []):
+        peer = int(peer)
+        if peer == me:
+            continue
+        other = records.get(peer)
+        same_op = other is not None and other.get("group") == rec.get("group") and \
+            other.get("seq") == rec.get("seq") and rec.get("group") != "pp"
+        if not same_op:
+            out.append(peer)
+    return out
+
+
+def find_hang(store: Store) -> HangReport | None:
+    records = read_inflight(store.path, store.warnings)
+    if not records:
+        return None
+    edges = {r: _waits_on(rec, records) for r, rec in records.items()}
+    suspects: set[int] = set()
+    for start in records:
+        seen, frontier = set(), [start]
+        while frontier:
+            node = frontier.pop()
+            if node in seen:
+                continue
+            seen.add(node)
+            if node not in records:
+                suspects.add(node)
+            else:
+                frontier.extend(edges.get(node, []))
+    cycle = False
+    if not suspects:  # everyone recorded: a wait cycle; blame whoever got stuck first
+        cycle = True
+        first = min(records.values(), key=lambda r: r.get("since_ns", 0))
+        suspects = {int(first["rank"])}
+    direct = [records[r] for r, e in edges.items() if set(e) & suspects]
+    op_rec = Counter(f"{r['op']} ({r.get('group', '')})" for r in (direct or records.values())).most_common(1)[0][0]
+    step = int(min(int(r.get("step", 0)) for r in records.values()))
+    last = _last_events(store, sorted(suspects))
+    sus = sorted(suspects)
+    hosts = hosts_of(store.topology, sus)
+    where = ", ".join(hosts) if hosts else "?"
+    summary = (f"The job hung at step {step}: {len(records)} ranks wait in {op_rec} and everyone is waiting "
+               f"on rank{'s' if len(sus) > 1 else ''} {rank_list(sus)} ({where}), which "
+               f"{'are' if len(sus) > 1 else 'is'} stuck and wrote nothing; dump its stacks "
+               f"(py-spy dump) and check its GPU, then restart without host {hosts[0] if hosts else '?'}.")
+    if cycle:
+        summary = (f"The job hung at step {step} in a wait cycle ({op_rec}); rank {sus[0]} got stuck first.")
+    return HangReport(sus, sorted(records), op_rec, step, summary,
+                      {"waiting_count": len(records), "direct_waiters": sorted(int(r["rank"]) for r in direct)[:64],
+                       "last_events": last, "cycle": cycle})
+
+
+def _last_events(store: Store, ranks: list[int]) -> dict[str, dict]:
+    if not ranks:
+        return {}
+    ids = ", ".join(str(int(r)) for r in ranks[:256])
+    df = store.query(f"""SELECT rank, arg_max(name, end_ns) AS name, arg_max(step, end_ns) AS step,
+                                arg_max(microbatch, end_ns) AS microbatch, max(end_ns) AS end_ns
+                         FROM events WHERE rank IN ({ids}) GROUP BY rank""")
+    return {str(int(r.rank)): {"name": r.name, "step": int(r.step), "microbatch": int(r.microbatch),
+                               "end_ns": int(r.end_ns)} for r in df.itertuples()}

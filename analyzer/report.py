@@ -1,0 +1,76 @@
+"""The report object of `megascope analyze --json` (DESIGN.md section 3) and its text rendering."""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from megascope.analyzer.run import Run
+
+MAX_WHAT_IF = 10  # findings given a what-if replay in the report (the worst ones first)
+
+
+def _num(x: float, digits: int = 6) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), digits)
+
+
+def build_report(run: "Run", with_what_if: bool = True) -> dict:
+    man = run.manifest
+    topo = man.get("topology", {})
+    mfu = run.mfu()
+    findings = run.findings()
+    out_findings = []
+    for i, f in enumerate(findings):
+        d = f.to_dict()
+        if with_what_if and i < MAX_WHAT_IF and f.kind != "hang":
+            run.progress("what-if", i + 1, min(len(findings), MAX_WHAT_IF))
+            d["what_if"] = run.what_if(f)
+        out_findings.append(d)
+    per_step = [{"step": int(r.step), "step_time_s": _num(r.step_time_s), "tokens_per_s": _num(r.tokens_per_s, 1),
+                 "mfu": _num(r.mfu, 5)} for r in mfu.per_step.itertuples()]
+    return {
+        "run": {"path": str(run.path), "run_id": man.get("run_id"), "source": man.get("source"),
+                "world": topo.get("world"), "dp": topo.get("dp"), "tp": topo.get("tp"), "pp": topo.get("pp"),
+                "vpp": topo.get("vpp", 1), "steps": len(per_step),
+                "peak_flops_per_device": _num(mfu.peak_flops, 1)},
+        "mfu": {"mean": _num(mfu.mean, 5),
+                "mean_step_time_s": _num(float(mfu.per_step.step_time_s.mean()) if per_step else float("nan")),
+                "mean_tokens_per_s": _num(float(mfu.per_step.tokens_per_s.mean()) if per_step else float("nan"), 1),
+                "per_step": per_step},
+        "findings": out_findings,
+        "warnings": list(run.warnings),
+    }
+
+
+def render_text(report: dict) -> str:
+    """Findings first (one actionable sentence each), then the MFU summary."""
+    lines = []
+    r = report["run"]
+    lines.append(f"megascope analysis of {r['path']} ({r['source']}, {r['world']} ranks: dp={r['dp']} tp={r['tp']} "
+                 f"pp={r['pp']} vpp={r['vpp']}, {r['steps']} steps)")
+    lines.append("")
+    if report["findings"]:
+        lines.append(f"Findings ({len(report['findings'])}):")
+        for i, f in enumerate(report["findings"], 1):
+            steps = f"steps {f['steps'][0]}-{f['steps'][1]}"
+            lost = ""
+            wi = f.get("what_if") or {}
+            if wi.get("applicable"):
+                lost = f" [costs {100 * wi['throughput_lost']:.1f}% throughput]"
+            lines.append(f"  {i}. [{f['kind']}, {steps}, severity {f['severity']:.2f}]{lost} {f['summary']}")
+    else:
+        lines.append("Findings: none (no stragglers, late launches, imbalance, link problems or hangs detected).")
+    lines.append("")
+    m = report["mfu"]
+    if m["per_step"]:
+        mfu = "n/a (unknown peak FLOP/s)" if m["mean"] is None else f"{100 * m['mean']:.1f}%"
+        lines.append(f"MFU: mean {mfu}; step time {m['mean_step_time_s']:.3f} s; "
+                     f"{m['mean_tokens_per_s']:.0f} tokens/s over {len(m['per_step'])} steps")
+        worst = max(m["per_step"], key=lambda s: s["step_time_s"] or 0)
+        lines.append(f"     slowest step {worst['step']}: {worst['step_time_s']:.3f} s")
+    else:
+        lines.append("MFU: no steps recorded.")
+    for w in report["warnings"]:
+        lines.append(f"warning: {w}")
+    return "\n".join(lines)

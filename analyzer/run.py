@@ -1,0 +1,175 @@
+"""The facade notebooks, the CLI and the dashboard use: `Run.open(path)` and one method per question.
+
+Each analysis lives in its own module; detectors are injectable (`Run.open(path, detectors=[...])`,
+anything with `detect(store) -> list[Finding]`). Derived tables (rank_step, collective_instances,
+late_arrivals) are built once, lazily, in DuckDB.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import pandas as pd
+
+from megascope.analyzer import critical_path as cp
+from megascope.analyzer.findings import Finding
+from megascope.analyzer.flaps import FlapDetector
+from megascope.analyzer.hangs import HangReport, find_hang
+from megascope.analyzer.heatmap import Heatmap, heatmap
+from megascope.analyzer.mfu import MfuTimeline, mfu_timeline
+from megascope.analyzer.step_graph import build_step_graph, dependency_edges, events_window
+from megascope.analyzer.store import Store, load_sql
+from megascope.analyzer.stragglers import StragglerDetector
+from megascope.analyzer.what_if import what_if
+
+
+class Detector(Protocol):
+    def detect(self, store: Store) -> list[Finding]: ...
+
+
+Progress = Callable[[str, int, int], None]
+
+
+class Run:
+    def __init__(self, store: Store, detectors: Sequence[Detector] | None = None,
+                 progress: Progress | None = None) -> None:
+        self.store = store
+        self.detectors = list(detectors) if detectors is not None else [StragglerDetector(), FlapDetector()]
+        self.progress = progress or (lambda label, done, total: None)
+        self._built: set[str] = set()
+        self._findings: list[Finding] | None = None
+        self._hang: HangReport | None | bool = False
+
+    @classmethod
+    def open(cls, path: str | Path, detectors: Sequence[Detector] | None = None,
+             progress: Progress | None = None, threads: int | None = None) -> "Run":
+        """Open a run directory. Raises RunOpenError (missing/foreign dir, unknown schema version)."""
+        return cls(Store(path, threads=threads), detectors, progress)
+
+    # ---- basic views --------------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return self.store.path
+
+    @property
+    def manifest(self) -> dict[str, Any]:
+        return self.store.manifest
+
+    @property
+    def topology(self) -> pd.DataFrame:
+        """rank, pp, dp, tp, host, local_rank"""
+        return self.store.topology
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.store.warnings
+
+    def _ensure(self, name: str) -> None:
+        if name in self._built:
+            return
+        if name == "rank_step":
+            self.store.execute(load_sql("rank_step"))
+        elif name == "collectives":
+            topo = self.manifest["topology"]
+            self.store.execute(load_sql("collectives").format(dp=int(topo["dp"]), tp=int(topo["tp"])))
+            self.store.execute("CREATE OR REPLACE TEMP TABLE late_arrivals AS " +
+                               load_sql("arrivals").rstrip().rstrip(";").replace("$min_lateness_s", "1e-4"))
+        self._built.add(name)
+
+    def steps(self) -> pd.DataFrame:
+        """The steps table (all ranks), ordered by step and rank."""
+        return self.store.query("SELECT * FROM steps ORDER BY step, rank")
+
+    def rank_steps(self) -> pd.DataFrame:
+        """Per rank and step: where the time went (see analyzer/sql/rank_step.sql)."""
+        self._ensure("rank_step")
+        return self.store.query("SELECT * FROM rank_step ORDER BY step, rank")
+
+    def mfu(self) -> MfuTimeline:
+        self._ensure("rank_step")
+        return mfu_timeline(self.store)
+
+    def breakdown(self, steps: tuple[int, int] | None = None) -> pd.DataFrame:
+        """step, rank, compute_s, exposed_comm_s, bubble_s, data_wait_s, other_s"""
+        self._ensure("rank_step")
+        first, last = steps if steps is not None else (-(1 << 62), 1 << 62)
+        return self.store.query(load_sql("breakdown"), {"first": int(first), "last": int(last)})
+
+    def heatmap(self, metric: str, group_by: str = "rank", max_rows: int = 512, max_cols: int = 500) -> Heatmap:
+        self._ensure("rank_step")
+        if metric == "lateness":
+            self._ensure("collectives")
+        return heatmap(self.store, metric, group_by, max_rows, max_cols)
+
+    def gpu(self) -> pd.DataFrame:
+        return self.store.query("SELECT * FROM gpu ORDER BY rank, ts_ns")
+
+    # ---- events and the dependency graph ------------------------------------------------------
+    def events(self, steps: tuple[int, int], ranks: list[int] | None = None, limit: int = 200_000) -> pd.DataFrame:
+        """Events of steps [first, last] (optionally some ranks) with a stable event_id."""
+        return events_window(self.store, steps[0], steps[1], ranks, limit)
+
+    def dependencies(self, step: int, ranks: list[int] | None = None) -> pd.DataFrame:
+        """Edges src_event_id -> dst_event_id, kind (program_order | p2p | collective), src_rank,
+        dst_rank, wait_s (how long dst waited on src)."""
+        return dependency_edges(build_step_graph(self.store, step, ranks))
+
+    def critical_path(self, step: int) -> pd.DataFrame:
+        """Ordered events on the cross-rank critical path of the step, with how each led to the next."""
+        return cp.critical_path(build_step_graph(self.store, step))
+
+    def propagation(self, step: int) -> pd.DataFrame:
+        """Who delayed whom in a step: src_rank, dst_rank, wait_s summed over p2p/collective edges."""
+        edges = self.dependencies(step)
+        edges = edges[(edges.kind != "program_order") & (edges.wait_s > 0)]
+        return (edges.groupby(["src_rank", "dst_rank"]).wait_s.sum().reset_index()
+                .sort_values("wait_s", ascending=False, ignore_index=True))
+
+    # ---- diagnoses ----------------------------------------------------------------------------
+    def findings(self) -> list[Finding]:
+        if self._findings is not None:
+            return self._findings
+        self._ensure("rank_step")
+        self._ensure("collectives")
+        out: list[Finding] = []
+        hang = self.hang()
+        total = len(self.detectors) + 1
+        for i, det in enumerate(self.detectors):
+            self.progress("detecting", i + 1, total)
+            out += det.detect(self.store)
+        if hang is not None:
+            out.insert(0, hang.to_finding(self.topology, len(self.topology)))
+        self._add_arrival_evidence(out)
+        self.progress("detecting", total, total)
+        order = {"hang": 0, "straggler": 1, "late_launch": 2, "network_flap": 3, "slow_link": 4, "stage_imbalance": 5}
+        self._findings = sorted(out, key=lambda f: (order.get(f.kind, 9), -f.severity))
+        return self._findings
+
+    def _add_arrival_evidence(self, findings: list[Finding]) -> None:
+        culprits = sorted({r for f in findings if f.kind in ("straggler", "late_launch") for r in f.ranks})
+        if not culprits:
+            return
+        ids = ", ".join(map(str, culprits[:4096]))
+        late = self.store.query(f"SELECT * FROM late_arrivals WHERE rank IN ({ids})")
+        for f in findings:
+            if f.kind not in ("straggler", "late_launch"):
+                continue
+            sel = late[late["rank"].isin(f.ranks) & late.step.between(*f.steps)]
+            f.evidence["collectives_arrived_last"] = int(sel.late_count.sum())
+            f.evidence["lateness_ms_per_step"] = round(1e3 * float(sel.lateness_s.sum()) / max(1, f.steps[1] - f.steps[0] + 1), 3)
+
+    def hang(self) -> HangReport | None:
+        if self._hang is False:
+            self._hang = find_hang(self.store)
+        return self._hang  # type: ignore[return-value]
+
+    def what_if(self, finding: Finding) -> dict:
+        """Step time if the culprit behaved like its peers, and the throughput lost to the finding."""
+        return what_if(self.store, finding)
+
+    def report(self, with_what_if: bool = True) -> dict:
+        """The `megascope analyze --json` object."""
+        from megascope.analyzer.report import build_report
+        return build_report(self, with_what_if=with_what_if)

@@ -1,0 +1,97 @@
+"""The 3D dependency graph of one step: program order on each rank, pipeline send->recv edges and
+collective membership (every member waits for the last arrival). Shared by dependencies(),
+critical_path() and the what-if replay."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from megascope.analyzer.store import Store, load_sql
+
+ASYNC_NAMES = ("send_forward", "send_backward")
+"""Non-blocking ops: they do not hold up the next op of their rank."""
+
+
+@dataclass
+class StepGraph:
+    events: pd.DataFrame
+    """The step's events sorted by rank and issue time (positional index 0..n-1)."""
+    prev: np.ndarray
+    """Program-order predecessor (last blocking event before it on its rank), -1 at the start."""
+    send_of: np.ndarray
+    """For a recv: position of the matching send, -1."""
+    instance: np.ndarray
+    """Collective instance number (same for all members of one op), -1."""
+    last_arrival: np.ndarray
+    """For a collective event: position of its instance's last-arriving member, -1."""
+
+
+def events_window(store: Store, first: int, last: int, ranks: list[int] | None, limit: int) -> pd.DataFrame:
+    rank_filter = ""
+    if ranks is not None:
+        ids = ", ".join(str(int(r)) for r in ranks) or "-1"
+        rank_filter = f"AND rank IN ({ids})"
+    return store.query(load_sql("events_window").format(rank_filter=rank_filter),
+                       {"first": int(first), "last": int(last), "limit": int(limit)})
+
+
+def build_step_graph(store: Store, step: int, ranks: list[int] | None = None) -> StepGraph:
+    ev = events_window(store, step, step, ranks, limit=1 << 40).reset_index(drop=True)
+    n = len(ev)
+    ranks_arr = ev["rank"].to_numpy()
+    blocking = ~ev["name"].isin(ASYNC_NAMES).to_numpy()
+    prev = np.full(n, -1, dtype=np.int64)
+    last_by_rank: dict[int, int] = {}
+    for i in range(n):  # note: sorted by rank then issue; one linear pass
+        r = int(ranks_arr[i])
+        prev[i] = last_by_rank.get(r, -1)
+        if blocking[i]:
+            last_by_rank[r] = i
+    pos = pd.Series(np.arange(n), index=ev.index)
+    send_of = np.full(n, -1, dtype=np.int64)
+    p2p = ev[ev.kind == "p2p"]
+    sends = p2p[p2p.name.str.startswith("send")]
+    recvs = p2p[p2p.name.str.startswith("recv")]
+    if len(sends) and len(recvs):
+        m = recvs.reset_index().merge(
+            sends.reset_index()[["index", "rank", "peer", "seq"]],
+            left_on=["peer", "rank", "seq"], right_on=["rank", "peer", "seq"], suffixes=("", "_send"))
+        send_of[pos[m["index"]].to_numpy()] = pos[m["index_send"]].to_numpy()
+    instance = np.full(n, -1, dtype=np.int64)
+    last_arrival = np.full(n, -1, dtype=np.int64)
+    coll = ev[ev.kind == "collective"].join(store.topology.set_index("rank"), on="rank", rsuffix="_t")
+    if len(coll):
+        key = coll["group"].map({"dp": 0, "tp": 1, "pp": 2}).fillna(3).astype(int).astype(str) + ":" + np.where(
+            coll["group"] == "dp", coll.pp.astype(str) + "/" + coll.tp.astype(str),
+            np.where(coll["group"] == "tp", coll.pp.astype(str) + "/" + coll.dp.astype(str),
+                     np.where(coll["group"] == "pp", coll.dp.astype(str) + "/" + coll.tp.astype(str), "0"))) \
+            + ":" + coll.seq.astype(str)
+        codes, _ = pd.factorize(key)
+        instance[coll.index.to_numpy()] = codes
+        latest = coll.assign(code=codes).sort_values("issue_ns").groupby("code").tail(1)
+        lookup = pd.Series(latest.index.to_numpy(), index=latest.code.to_numpy())
+        last_arrival[coll.index.to_numpy()] = lookup.reindex(codes).to_numpy()
+    return StepGraph(ev, prev, send_of, instance, last_arrival)
+
+
+def dependency_edges(g: StepGraph) -> pd.DataFrame:
+    """Edges src_event_id -> dst_event_id with kind and how long dst waited on src (wait_s)."""
+    ev = g.events
+    ids, issue, ranks = ev.event_id.to_numpy(), ev.issue_ns.to_numpy(), ev["rank"].to_numpy()
+    parts = []
+    has = g.prev >= 0
+    parts.append(pd.DataFrame({"src": g.prev[has], "dst": np.flatnonzero(has), "kind": "program_order",
+                               "wait_s": 0.0}))
+    rv = np.flatnonzero(g.send_of >= 0)
+    parts.append(pd.DataFrame({"src": g.send_of[rv], "dst": rv, "kind": "p2p",
+                               "wait_s": np.maximum(issue[g.send_of[rv]] - issue[rv], 0) / 1e9}))
+    cv = np.flatnonzero((g.last_arrival >= 0) & (g.last_arrival != np.arange(len(ev))))
+    parts.append(pd.DataFrame({"src": g.last_arrival[cv], "dst": cv, "kind": "collective",
+                               "wait_s": np.maximum(issue[g.last_arrival[cv]] - issue[cv], 0) / 1e9}))
+    edges = pd.concat(parts, ignore_index=True)
+    src, dst = edges.src.to_numpy(dtype=np.int64), edges.dst.to_numpy(dtype=np.int64)
+    return pd.DataFrame({"src_event_id": ids[src], "dst_event_id": ids[dst], "kind": edges.kind,
+                         "src_rank": ranks[src], "dst_rank": ranks[dst], "wait_s": edges.wait_s})

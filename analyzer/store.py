@@ -1,0 +1,150 @@
+"""DuckDB over a run directory: the views every analysis reads, and the SQL files that define them.
+
+Views: `events`, `steps`, `gpu` (Parquet segments, all ranks), `topology` (from run.json).
+Damaged segments (truncated, corrupt, foreign) are dropped from the views with a warning instead of
+failing the whole analysis: the first query that trips on one names the file, we exclude it and retry.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any, Callable
+
+import duckdb
+import pandas as pd
+import pyarrow as pa
+
+from megascope.tracer import run_dir as rd
+from megascope.tracer.schema import TABLES, SchemaVersionError
+
+
+class RunOpenError(RuntimeError):
+    """The path is not a run directory megascope can read; the message says what to do."""
+
+
+_FILE_IN_ERROR = re.compile(r"""['"]([^'"]+\.parquet)['"]""")
+
+
+def load_sql(name: str) -> str:
+    """Text of analyzer/sql/<name>.sql (one topic per file)."""
+    return resources.files("megascope.analyzer.sql").joinpath(f"{name}.sql").read_text()
+
+
+def _segments(root: Path, table: str) -> list[str]:
+    """Complete segments of a table: RUN/<table>/rank=NNNNN/*.parquet, skipping temporary names."""
+    base = root / table
+    if not base.is_dir():
+        return []
+    out: list[str] = []
+    with os.scandir(base) as ranks:
+        for entry in ranks:
+            if entry.is_dir() and entry.name.startswith("rank="):
+                with os.scandir(entry.path) as files:
+                    out.extend(f.path for f in files if f.name.endswith(".parquet") and not f.name.startswith("."))
+    return sorted(out)
+
+
+class Store:
+    """One DuckDB connection with the run's views; `query` returns pandas DataFrames."""
+
+    def __init__(self, path: str | Path, threads: int | None = None) -> None:
+        self.path = Path(path)
+        if not self.path.exists():
+            raise RunOpenError(f"{self.path} does not exist; pass a run directory (the --run-dir of a "
+                               "`megascope train` or the OUT of `megascope simulate`)")
+        if not self.path.is_dir():
+            raise RunOpenError(f"{self.path} is a file, not a run directory")
+        try:
+            self.manifest: dict[str, Any] = rd.read_manifest(self.path)
+        except (FileNotFoundError, ValueError, SchemaVersionError) as exc:
+            raise RunOpenError(str(exc)) from None
+        self.warnings: list[str] = []
+        self.con = duckdb.connect()
+        self.con.execute(f"SET threads={threads or os.cpu_count() or 2}")
+        self.con.execute("SET preserve_insertion_order=false")
+        self.con.execute("SET parquet_metadata_cache=true")
+        self.topology = _topology_frame(self.manifest, self.path)
+        self.con.register("_topology_df", self.topology)
+        self.con.execute("CREATE TEMP TABLE topology AS SELECT * FROM _topology_df")
+        self.con.unregister("_topology_df")
+        self.files = {t: _segments(self.path, t) for t in TABLES}
+        self._excluded: set[str] = set()
+        for table in TABLES:
+            self._make_view(table)
+            self.run_with_retry(lambda: self.con.execute(f"SELECT count(*) FROM {table}").fetchall())
+        if not self.files["events"] and not self.files["steps"]:
+            self.warnings.append("the run has no readable events or steps segments yet")
+
+    def _make_view(self, table: str) -> None:
+        files = self.files[table]
+        if not files:
+            empty = TABLES[table].empty_table()
+            self.con.register(f"_empty_{table}", empty)
+            self.con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT * FROM _empty_{table}")
+            return
+        columns = ", ".join(f'"{f.name}"' for f in TABLES[table])
+        if table in self._excluded:  # after dropping a damaged segment: the explicit list of the rest
+            source = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
+        else:  # a glob binds much faster than a list of 10^4-10^5 paths
+            source = "'" + str(self.path / table).replace("'", "''") + "/rank=*/*.parquet'"
+        self.con.execute(
+            f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT {columns} FROM read_parquet({source}, "
+            "hive_partitioning=false)")
+
+    def run_with_retry(self, action: Callable[[], Any], attempts: int = 50) -> Any:
+        """Run `action`; when DuckDB names a damaged segment, drop it from its view and retry."""
+        for _ in range(attempts):
+            try:
+                return action()
+            except (duckdb.IOException, duckdb.InvalidInputException, duckdb.BinderException,
+                    duckdb.ConversionException) as exc:
+                bad = self._culprit_file(str(exc))
+                if bad is None:
+                    raise
+                table = next(t for t, fs in self.files.items() if bad in fs)
+                self.files[table].remove(bad)
+                self._excluded.add(table)
+                self.warnings.append(f"skipped damaged segment {os.path.relpath(bad, self.path)}: "
+                                     f"{str(exc).splitlines()[0][:160]}")
+                self._make_view(table)
+        raise RunOpenError(f"{self.path}: too many damaged segments; check the disk the run was written to")
+
+    def _culprit_file(self, message: str) -> str | None:
+        for match in _FILE_IN_ERROR.finditer(message):
+            candidate = match.group(1)
+            for files in self.files.values():
+                if candidate in files:
+                    return candidate
+        for files in self.files.values():  # message without quotes: search by path substring
+            for f in files:
+                if f in message:
+                    return f
+        return None
+
+    def query(self, sql: str, params: dict | list | None = None) -> pd.DataFrame:
+        return self.run_with_retry(lambda: self.con.execute(sql, params or {}).df())
+
+    def execute(self, sql: str, params: dict | list | None = None) -> None:
+        self.run_with_retry(lambda: self.con.execute(sql, params or {}))
+
+    def arrow(self, sql: str, params: dict | list | None = None) -> pa.Table:
+        return self.run_with_retry(lambda: self.con.execute(sql, params or {}).arrow())
+
+
+def _topology_frame(manifest: dict, path: Path) -> pd.DataFrame:
+    topo = manifest.get("topology") or {}
+    ranks = topo.get("ranks")
+    if not ranks:
+        raise RunOpenError(f"{path}/run.json has no topology.ranks; it was not written by megascope")
+    frame = pd.DataFrame(ranks)
+    for col, default in (("host", "localhost"), ("local_rank", 0)):
+        if col not in frame:
+            frame[col] = default
+    frame = frame[["rank", "pp", "dp", "tp", "host", "local_rank"]].copy()
+    for col in ("rank", "pp", "dp", "tp", "local_rank"):
+        frame[col] = frame[col].astype("int32")
+    frame["host"] = frame["host"].astype(str)
+    return frame.sort_values("rank").reset_index(drop=True)

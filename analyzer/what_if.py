@@ -1,0 +1,137 @@
+"""What-if: the step time if a finding's culprit had behaved like its peers.
+
+Replays the step graph (program order with the recorded host gaps, p2p transfers starting when both
+sides posted, collectives completing at the last arrival) twice: as recorded, and with the culprit's
+durations replaced by its peers' medians (or the link's transfer time by its peers'). The difference
+is the time the finding cost per step; over the step time, the throughput lost.
+Big jobs: only the culprit's pipeline replica and its data-parallel groups are replayed; everyone
+else keeps its recorded times.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from megascope.analyzer.findings import Finding
+from megascope.analyzer.step_graph import ASYNC_NAMES, StepGraph, build_step_graph
+from megascope.analyzer.store import Store
+
+FULL_REPLAY_MAX_RANKS = 512
+
+
+def replay(g: StepGraph, duration: np.ndarray, gap: np.ndarray, xfer: np.ndarray) -> np.ndarray:
+    """New end times of every event (ns, float) given own durations, host gaps and transfer times."""
+    ev = g.events
+    n = len(ev)
+    kind = ev.kind.to_numpy()
+    is_comp = (kind == "compute") | (kind == "host")
+    is_coll = g.instance >= 0
+    is_recv = g.send_of >= 0
+    recv_of = np.full(n, -1, dtype=np.int64)
+    recv_of[g.send_of[is_recv]] = np.flatnonzero(is_recv)
+    is_send = recv_of >= 0
+    issue0 = ev.issue_ns.to_numpy().astype(float)
+    end = ev.end_ns.to_numpy().astype(float)
+    n_inst = int(g.instance.max()) + 1 if is_coll.any() else 0
+    for _ in range(4 * n + 10):
+        issue = np.where(g.prev >= 0, end[np.maximum(g.prev, 0)] + gap, issue0)
+        new = end.copy()
+        new[is_comp] = issue[is_comp] + duration[is_comp]
+        if is_recv.any():
+            r, s = np.flatnonzero(is_recv), g.send_of[is_recv]
+            done = np.maximum(issue[r], issue[s]) + xfer[r]
+            new[r] = done
+            new[s] = done
+        if n_inst:
+            last = np.full(n_inst, -np.inf)
+            np.maximum.at(last, g.instance[is_coll], issue[is_coll])
+            new[is_coll] = last[g.instance[is_coll]] + xfer[is_coll]
+        other = ~(is_comp | is_recv | is_send | is_coll)
+        new[other] = issue[other] + duration[other]
+        if np.allclose(new, end, rtol=0, atol=1.0):
+            return new
+        end = new
+    return end
+
+
+def _inputs(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ev = g.events
+    issue, start, end = (ev[c].to_numpy().astype(float) for c in ("issue_ns", "start_ns", "end_ns"))
+    duration = end - start
+    gap = np.where(g.prev >= 0, np.maximum(issue - end[np.maximum(g.prev, 0)], 0), 0)
+    xfer = duration.copy()
+    r = np.flatnonzero(g.send_of >= 0)
+    xfer[r] = end[r] - np.maximum(issue[r], issue[g.send_of[r]])
+    if (g.instance >= 0).any():
+        coll = np.flatnonzero(g.instance >= 0)
+        last = issue[g.last_arrival[coll]]
+        xfer[coll] = np.maximum(end[coll] - last, 0)
+    return duration, gap, xfer
+
+
+def _apply_fix(f: Finding, g: StepGraph, topo: pd.DataFrame, duration, gap, xfer) -> None:
+    ev = g.events.join(topo.set_index("rank")[["pp"]], on="rank")
+    culprit = ev["rank"].isin(f.ranks).to_numpy()
+    comp = (ev.kind == "compute").to_numpy()
+    if f.kind in ("straggler", "stage_imbalance"):
+        peers = comp & ~culprit if f.kind == "straggler" else comp & (ev.pp != f.evidence.get("stage")).to_numpy()
+        med = pd.Series(duration[peers]).groupby([ev.pp.to_numpy()[peers] if f.kind == "straggler" else 0,
+                                                  ev.name.to_numpy()[peers]]).median()
+        for i in np.flatnonzero(culprit & comp):
+            key = (ev.pp.iat[i] if f.kind == "straggler" else 0, ev.name.iat[i])
+            duration[i] = min(duration[i], med.get(key, duration[i]))
+    elif f.kind == "late_launch":
+        typical = np.median(gap[~culprit]) if (~culprit).any() else 0.0
+        gap[culprit] = np.minimum(gap[culprit], typical)
+    elif f.kind in ("network_flap", "slow_link"):
+        p2p = (ev.kind == "p2p").to_numpy()
+        on_link = p2p & culprit & ev.peer.isin(f.ranks).to_numpy()
+        coll = (g.instance >= 0) & (ev.kind == "collective").to_numpy()
+        if on_link.any() and (p2p & ~on_link).any():
+            xfer[on_link] = np.minimum(xfer[on_link], np.median(xfer[p2p & ~on_link]))
+        else:  # a collective group: its members' transfers become those of the other groups
+            grp = f.evidence.get("group")
+            same = coll & (ev["group"] == grp).to_numpy()
+            mine = same & culprit
+            if (same & ~mine).any():
+                xfer[mine] = np.minimum(xfer[mine], np.median(xfer[same & ~mine]))
+
+
+def replay_ranks(store: Store, f: Finding) -> list[int] | None:
+    """None = all ranks; else the culprit's pipeline replicas plus its data-parallel groups."""
+    topo = store.topology
+    if len(topo) <= FULL_REPLAY_MAX_RANKS:
+        return None
+    c = topo[topo["rank"].isin(f.ranks)]
+    sel = topo.dp.isin(c.dp) | (topo.pp.isin(c.pp) & topo.tp.isin(c.tp))
+    return topo.loc[sel, "rank"].astype(int).tolist()
+
+
+def what_if(store: Store, f: Finding, max_steps: int = 3) -> dict:
+    if f.kind == "hang":
+        return {"applicable": False, "reason": "a hung job makes no progress; fix the suspects"}
+    first, last = f.steps
+    sample = sorted(set(np.linspace(first, last, num=min(max_steps, last - first + 1)).round().astype(int)))
+    ranks = replay_ranks(store, f)
+    rows = []
+    for step in sample:
+        g = build_step_graph(store, int(step), ranks)
+        if g.events.empty:
+            continue
+        duration, gap, xfer = _inputs(g)
+        begin = g.events.issue_ns.min()
+        base = replay(g, duration, gap, xfer).max() - begin
+        _apply_fix(f, g, store.topology, duration, gap, xfer)
+        fixed = replay(g, duration, gap, xfer).max() - begin
+        observed = g.events.end_ns.max() - begin
+        rows.append((int(step), observed / 1e9, base / 1e9, fixed / 1e9))
+    if not rows:
+        return {"applicable": False, "reason": "no events in the finding's steps"}
+    df = pd.DataFrame(rows, columns=["step", "observed_s", "replayed_s", "what_if_s"])
+    saved = float((df.replayed_s - df.what_if_s).clip(lower=0).mean())
+    step_time = float(df.observed_s.mean())
+    return {"applicable": True, "steps_sampled": df.step.tolist(), "step_time_s": round(step_time, 6),
+            "what_if_step_time_s": round(step_time - saved, 6), "saved_per_step_s": round(saved, 6),
+            "throughput_lost": round(saved / step_time, 4) if step_time > 0 else 0.0,
+            "replayed_ranks": "all" if ranks is None else len(ranks)}

@@ -39,6 +39,7 @@ class CudaTimeline:
         self.poll_s = poll_s
         self.dropped = 0
         self.resolved = 0
+        self.created = 0
         self._pool: deque[torch.cuda.Event] = deque()
         self._pending: deque[tuple] = deque()
         self._ref: torch.cuda.Event | None = None
@@ -54,7 +55,11 @@ class CudaTimeline:
     def record(self) -> torch.cuda.Event:
         """Record a pooled event on the current stream (no sync)."""
         pool = self._pool
-        event = pool.pop() if pool else torch.cuda.Event(enable_timing=True)
+        if pool:
+            event = pool.pop()
+        else:
+            event = torch.cuda.Event(enable_timing=True)
+            self.created += 1
         event.record()
         return event
 

@@ -34,7 +34,7 @@ def train(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults: Faul
             tracing.set_step(step)
             start_ns = time.time_ns()
             with tracing.span("data_wait", kind="host"):
-                batch = loader.next()
+                batch, _ = loader.next()
             lr = learning_rate(cfg.train, step)
             result = train_step(state, batch, lr)
             end_ns = time.time_ns()

@@ -180,6 +180,7 @@ class ScheduleExecutor:
         p = self._placement(action.chunk)
         if self.pipe is None:
             return None
+        _set_microbatch(action.microbatch, action.chunk)  # the receive is traced under its consumer
         if action.kind == FORWARD and not p.is_first:
             return self.pipe.post_recv("forward", message_tag(p.virtual_stage, action.microbatch,
                                                               self.n_micro, "forward"))

@@ -1,8 +1,8 @@
 """The rank x step heatmap (MegaScale Fig. 7) from an analyzer Heatmap, and click decoding.
 
 The analyzer aggregates in DuckDB down to at most max_rows x max_cols cells, so the figure never
-holds more than a few hundred thousand values whatever the size of the job. Every cell carries
-customdata [first step, rank or -1] so a click can open the timeline at that step.
+holds more than a few hundred thousand values whatever the size of the job. A click is decoded
+from the cell's labels (step or step bin, rank) to open the timeline at that step.
 """
 
 from __future__ import annotations
@@ -36,12 +36,8 @@ def heatmap_figure(heatmap: Any, metric: str, group_by: str) -> go.Figure:
     rows, cols, values = _parts(heatmap)
     if values.size == 0:
         return empty_figure("No steps recorded yet")
-    first_steps = [leading_int(c) for c in cols]
-    row_ranks = [leading_int(r) if group_by == "rank" else -1 for r in rows]
-    customdata = np.dstack(np.broadcast_arrays(np.array(first_steps)[None, :],
-                                               np.array(row_ranks)[:, None]))
     fig = go.Figure(go.Heatmap(
-        z=values, x=[str(c) for c in cols], y=[str(r) for r in rows], customdata=customdata,
+        z=values, x=[str(c) for c in cols], y=[str(r) for r in rows],
         colorscale="YlOrRd" if metric in _HIGHER_IS_WORSE else "YlOrRd_r",
         colorbar=dict(title=METRICS.get(metric, metric)),
         hovertemplate=f"{GROUPINGS.get(group_by, group_by)} %{{y}}<br>step %{{x}}<br>"
@@ -53,24 +49,24 @@ def heatmap_figure(heatmap: Any, metric: str, group_by: str) -> go.Figure:
     return fig
 
 
-def clicked_cell(click_data: dict | None) -> tuple[int, int | None] | None:
-    """(step, rank or None) of a clicked heatmap cell, None when nothing usable was clicked."""
+def clicked_cell(click_data: dict | None, group_by: str) -> tuple[int, int | None] | None:
+    """(step, rank or None) of a clicked heatmap cell, None when nothing usable was clicked.
+
+    Decoded from the cell's labels: plotly.js does not pass a heatmap's customdata in click events.
+    """
     if not click_data or not click_data.get("points"):
         return None
     point = click_data["points"][0]
-    custom = point.get("customdata")
-    if isinstance(custom, (list, tuple)) and len(custom) == 2 and custom[0] is not None:
-        step, rank = int(custom[0]), int(custom[1])
-    else:  # no customdata (older plotly.js): fall back to the labels
-        step, rank = leading_int(point.get("x")), -1
+    step = leading_int(point.get("x"))
+    rank = leading_int(point.get("y")) if group_by == "rank" else -1
     if step < 0:
         return None
     return step, (rank if rank >= 0 else None)
 
 
 class _ReorderedHeatmap:
-    def __init__(self, row_labels: list, col_labels: list, values: np.ndarray):
-        self.row_labels, self.col_labels, self.values = row_labels, col_labels, values
+    def __init__(self, rows: list, cols: list, values: np.ndarray):
+        self.rows, self.cols, self.values = rows, cols, values
 
 
 def ordered_rows(heatmap: Any, topology: pd.DataFrame, order: str) -> Any:
@@ -80,14 +76,14 @@ def ordered_rows(heatmap: Any, topology: pd.DataFrame, order: str) -> Any:
     if key_cols is None or topology.empty:
         return heatmap
     position = {int(r): i for i, r in enumerate(topology.sort_values(key_cols)["rank"])}
-    labels = list(heatmap.row_labels)
+    labels = list(heatmap.rows)
     sort = sorted(range(len(labels)), key=lambda i: position.get(leading_int(labels[i]), len(position) + i))
-    return _ReorderedHeatmap([labels[i] for i in sort], list(heatmap.col_labels), np.asarray(heatmap.values)[sort])
+    return _ReorderedHeatmap([labels[i] for i in sort], list(heatmap.cols), np.asarray(heatmap.values)[sort])
 
 
 def _parts(heatmap: Any) -> tuple[list, list, np.ndarray]:
     values = np.asarray(heatmap.values, dtype=float)
-    return list(heatmap.row_labels), list(heatmap.col_labels), values
+    return list(heatmap.rows), list(heatmap.cols), values
 
 
 def leading_int(label: Any) -> int:

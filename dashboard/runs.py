@@ -56,7 +56,7 @@ class _OpenRun:
 class RunCatalog:
     """The run directories given at start-up, addressed by index; opens and reopens them lazily."""
 
-    def __init__(self, paths: list[str | Path]):
+    def __init__(self, paths: list[str | Path], recheck_s: float = _SIGNATURE_TTL_S):
         if not paths:
             raise ValueError("give at least one run directory: megascope dashboard RUN [RUN...]")
         self.paths = [Path(p).resolve() for p in paths]
@@ -64,6 +64,7 @@ class RunCatalog:
         self._open: dict[int, _OpenRun] = {}
         self._memo: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
+        self._recheck_s = recheck_s
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -109,7 +110,7 @@ class RunCatalog:
         now = time.monotonic()
         with self._lock:
             entry = self._open.get(index)
-            if entry is not None and now - entry.checked_at < _SIGNATURE_TTL_S:
+            if entry is not None and now - entry.checked_at < self._recheck_s:
                 return entry
         signature = directory_signature(path)
         with self._lock:

@@ -105,8 +105,9 @@ def _add_arrows(fig: go.Figure, frame: pd.DataFrame, deps: pd.DataFrame) -> None
     if deps.empty:
         return
     cross = deps[deps["kind"].isin(_ARROW_KINDS)]
-    ends = frame.set_index("event_id")[["t1_ms", "y"]]
-    cross = cross.join(ends, on="src_event_id").join(ends, on="dst_event_id", rsuffix="_dst").dropna()
+    ends = frame[["event_id", "t1_ms", "y"]]
+    cross = (cross.merge(ends.rename(columns={"event_id": "src_event_id"}), on="src_event_id")
+             .merge(ends.rename(columns={"event_id": "dst_event_id"}), on="dst_event_id", suffixes=("", "_dst")))
     if cross.empty:
         return
     n = len(cross)

@@ -6,11 +6,16 @@ waits on stand out. """
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
 from megascope.dashboard.widgets import FIGURE_MARGIN, FIGURE_TEMPLATE, empty_figure
+
+_COLUMN = re.compile(r"dp(\d+)·tp(\d+)")
+_STAGE = re.compile(r"stage (\d+)")
 
 
 def topology_figure(topology: pd.DataFrame, values: dict[int, float], color_title: str,
@@ -59,13 +64,16 @@ def _mark(fig: go.Figure, topo: pd.DataFrame, tp_size: int, ranks: list[int], na
         mode="markers", name=name, marker=marker, customdata=rows["rank"], hovertemplate=f"{name}: rank %{{customdata}}<extra></extra>"))
 
 
-def clicked_rank(click_data: dict | None) -> int | None:
-    """The rank of a clicked topology cell or marker."""
+def clicked_rank(click_data: dict | None, topology: pd.DataFrame) -> int | None:
+    """The rank of a clicked cell or marker, decoded from its 'dp0·tp1' / 'stage 1' labels
+    (plotly.js does not pass a heatmap's customdata in click events)."""
     if not click_data or not click_data.get("points"):
         return None
-    rank = click_data["points"][0].get("customdata")
-    try:
-        rank = int(rank)
-    except (TypeError, ValueError):
+    point = click_data["points"][0]
+    column = _COLUMN.fullmatch(str(point.get("x", "")))
+    stage = _STAGE.fullmatch(str(point.get("y", "")))
+    if not column or not stage:
         return None
-    return rank if rank >= 0 else None
+    dp, tp, pp = int(column.group(1)), int(column.group(2)), int(stage.group(1))
+    match = topology[(topology["dp"] == dp) & (topology["tp"] == tp) & (topology["pp"] == pp)]
+    return int(match.iloc[0]["rank"]) if not match.empty else None

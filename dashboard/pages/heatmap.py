@@ -47,10 +47,10 @@ def update_heatmap(metric: str, group_by: str, order: str, run_value: int | None
 
 
 @callback(Output("app-url", "href", allow_duplicate=True), Input("heatmap-graph", "clickData"),
-          State("app-run", "value"), prevent_initial_call=True)
-def open_in_timeline(click_data: dict | None, run_value: int | None):
+          State("heatmap-group", "value"), State("app-run", "value"), prevent_initial_call=True)
+def open_in_timeline(click_data: dict | None, group_by: str | None, run_value: int | None):
     """A clicked cell -> the timeline at that step (and that rank, with its pipeline group)."""
-    cell = clicked_cell(click_data)
+    cell = clicked_cell(click_data, group_by or "rank")
     if cell is None:
         return dash.no_update
     step, rank = cell

@@ -59,7 +59,7 @@ def run_summary(run: Run) -> html.Div:
             ("dp x pp x tp", f"{topo.get('dp', '?')} x {topo.get('pp', '?')} x {topo.get('tp', '?')}"),
             ("hosts", run.topology["host"].nunique() if not run.topology.empty else 0),
             ("model", ", ".join(f"{k} {v}" for k, v in model.items() if not isinstance(v, (dict, list)))),
-            ("peak FLOP/s per device", m.get("peak_flops", m.get("peak_flops_per_device", "?"))),
+            ("peak FLOP/s per device", _peak_text(m.get("peak_flops"))),
             ("mean MFU(%)", "n/a" if mean is None or mean != mean else f"{100 * mean:.2f}")]
     return html.Div([html.H3("Run"), key_values(rows)])
 
@@ -90,6 +90,13 @@ def finding_href(finding: Finding, run_index: int) -> str:
     if finding.steps:
         query["step"] = finding.steps[0]
     return f"/{page}?{urlencode(query)}"
+
+
+def _peak_text(peak: object) -> str:
+    """run.json's peak_flops block: {"per_device": 9.9e14, "source": ..., "device": ...}."""
+    if isinstance(peak, dict) and peak.get("per_device"):
+        return f"{float(peak['per_device']):.3g} ({peak.get('device', '?')}, from {peak.get('source', '?')})"
+    return "?" if peak is None else str(peak)
 
 
 def _short(values, limit: int = 8) -> str:

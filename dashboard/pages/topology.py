@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import re
 
 import dash
 import pandas as pd
-from dash import Input, Output, callback, dcc, html
+from dash import Input, Output, State, callback, dcc, html
 
 from megascope.analyzer import Run
 from megascope.dashboard.heatmap_figure import METRICS, leading_int
@@ -35,9 +36,11 @@ def layout(color: str = "step_time", ranks: str | None = None, **_query: str) ->
     ])
 
 
-@callback(Output("topology-rank", "data"), Input("topology-graph", "clickData"), prevent_initial_call=True)
-def select_rank(click_data: dict | None):
-    rank = clicked_rank(click_data)
+@callback(Output("topology-rank", "data"), Input("topology-graph", "clickData"), State("app-run", "value"),
+          prevent_initial_call=True)
+def select_rank(click_data: dict | None, run_value: int | None):
+    topology = current_catalog().cached(run_value, ("topology",), lambda run: run.topology)
+    rank = clicked_rank(click_data, topology)
     return dash.no_update if rank is None else rank
 
 
@@ -74,7 +77,7 @@ def metric_by_rank(run: Run, metric: str) -> dict[int, float]:
     """The metric per rank averaged over all steps (one column of the analyzer's heatmap)."""
     heatmap = run.heatmap(metric, group_by="rank", max_rows=max(1, len(run.topology)), max_cols=1)
     values: dict[int, float] = {}
-    for label, row in zip(heatmap.row_labels, heatmap.values):
+    for label, row in zip(heatmap.rows, heatmap.values):
         finite = [float(v) for v in row if v is not None and not math.isnan(float(v))]
         if finite:
             values[leading_int(label)] = sum(finite) / len(finite)
@@ -134,9 +137,10 @@ def rank_problems(run: Run, rank: int) -> list[str]:
     hang = run.hang()
     if hang is not None and rank in [int(r) for r in hang.suspects]:
         problems.append(f"hang suspect: {hang.summary}")
-    elif hang is not None and rank in [int(r) for r in getattr(hang, "waiting", [])]:
-        problems.append(f"waiting in {getattr(hang, 'op', 'a collective')}: {hang.summary}")
+    elif hang is not None and rank in [int(r) for r in hang.waiting]:
+        problems.append(f"in flight: waiting in {hang.op} since step {hang.step}: {hang.summary}")
     problems += [f"{f.kind} (steps {f.steps[0]}-{f.steps[1]}, severity {f.severity:.3g}): {f.summary}"
                  for f in run.findings() if rank in [int(r) for r in f.ranks or []]]
-    problems += [w for w in run.warnings if f"rank {rank}" in w]
+    mentions = re.compile(rf"\brank {rank}\b")
+    problems += [w for w in run.warnings if mentions.search(w)]
     return problems or ["none: no hang record, finding or warning names this rank"]

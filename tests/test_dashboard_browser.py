@@ -1,0 +1,101 @@
+"""End to end in headless Chromium: every page on a simulated run, heatmap click -> timeline, topology rank.
+
+Needs the system packages chromium and chromium-driver (and selenium); skipped cleanly without them.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from megascope.dashboard.headless import find_chromium
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow,
+              pytest.mark.skipif(find_chromium() is None, reason="needs chromium and chromedriver")]
+selenium = pytest.importorskip("selenium")
+analyzer = pytest.importorskip("megascope.analyzer")
+if not hasattr(analyzer, "Run"):
+    pytest.skip("the analyzer facade (megascope.analyzer.Run) is not built yet", allow_module_level=True)
+
+from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
+from selenium.webdriver.common.by import By  # noqa: E402
+from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
+
+from megascope.dashboard.app import create_app  # noqa: E402
+from megascope.dashboard.headless import chromium_driver  # noqa: E402
+from megascope.dashboard.screenshots import wait_for  # noqa: E402
+from megascope.dashboard.serving import serve_in_thread  # noqa: E402
+from tests.test_dashboard_callbacks import ONSET, STEPS, STRAGGLER, make_sample_runs  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    slow, clean = make_sample_runs(tmp_path_factory.mktemp("browser-runs"))
+    server = serve_in_thread(create_app([slow, clean], refresh_s=3600))
+    driver = chromium_driver(1400, 900, user_data_dir=tmp_path_factory.mktemp("chromium-profile"))
+    yield server.url, driver
+    driver.quit()
+    server.stop()
+
+
+def _open(site, path: str, selector: str) -> object:
+    url, driver = site
+    driver.get(url + path)
+    wait_for(driver, selector)
+    return driver
+
+
+def _until(driver, condition, timeout_s: float = 20.0):
+    return WebDriverWait(driver, timeout_s).until(condition)
+
+
+@pytest.mark.parametrize("path, selector, expected", [
+    ("/", "#overview-findings-table", "straggler"),
+    ("/heatmap", "#heatmap-graph .main-svg", "Click a cell"),
+    ("/timeline", "#timeline-graph .main-svg", "rank 0 · pp0 dp0 tp0"),
+    ("/topology", "#topology-graph .main-svg", "stage 1"),
+    ("/gpu", "#gpu-problems", "No GPU samples"),
+    ("/compare", "#compare-table", "clean"),
+])
+def test_every_page_renders(site, path, selector, expected):
+    driver = _open(site, path, selector)
+    assert expected in driver.find_element(By.TAG_NAME, "body").text
+    assert not driver.find_elements(By.CSS_SELECTOR, ".dash-fe-error__title")  # no callback error overlay
+
+
+def test_overview_plots_every_step(site):
+    driver = _open(site, "/", "#overview-mfu .main-svg")
+    mfu_panel = driver.find_elements(By.CSS_SELECTOR, "#overview-mfu .scatterlayer")[0]  # top subplot
+    assert len(mfu_panel.find_elements(By.CSS_SELECTOR, ".point")) == STEPS
+
+
+def test_heatmap_cell_click_opens_the_timeline_at_that_step(site):
+    driver = _open(site, "/heatmap?metric=compute", "#heatmap-graph .hm")
+    step, rank = ONSET + 2, STRAGGLER
+    plot = driver.find_element(By.CSS_SELECTOR, "#heatmap-graph .nsewdrag")
+    width, height = plot.size["width"], plot.size["height"]
+    dx = (step + 0.5) / STEPS * width - width / 2  # selenium offsets are from the element's centre
+    dy = (rank + 0.5) / 8 * height - height / 2     # rows top-down: rank 0 first
+    ActionChains(driver).move_to_element_with_offset(plot, dx, dy).pause(0.3).click().perform()
+    _until(driver, lambda d: urlparse(d.current_url).path == "/timeline")
+    assert parse_qs(urlparse(driver.current_url).query)["step"] == [str(step)]
+    wait_for(driver, "#timeline-graph .main-svg")
+    _until(driver, lambda d: f"rank {rank} · pp0 dp1 tp1" in d.find_element(By.ID, "timeline-graph").text)
+    assert driver.find_element(By.ID, "timeline-step").get_attribute("value") == str(step)
+    assert "rank 7 · pp1 dp1 tp1" in driver.find_element(By.ID, "timeline-graph").text  # its pipeline peer
+
+
+def test_topology_rank_selection_shows_its_position_and_peers(site):
+    driver = _open(site, "/topology?color=findings", "#topology-graph .hm")
+    plot = driver.find_element(By.CSS_SELECTOR, "#topology-graph .nsewdrag")
+    width, height = plot.size["width"], plot.size["height"]
+    # rank 5 = stage 1 (second row), dp0 tp1 (second of four columns)
+    ActionChains(driver).move_to_element_with_offset(plot, 1.5 / 4 * width - width / 2,
+                                                     1.5 / 2 * height - height / 2).pause(0.3).click().perform()
+    _until(driver, lambda d: d.find_elements(By.ID, "topology-rank-details"))
+    time.sleep(0.3)
+    details = driver.find_element(By.ID, "topology-rank-details").text
+    assert "rank 5 · pp1 dp0 tp1" in details
+    assert "activations from (previous stage)" in details and "tp group" in details

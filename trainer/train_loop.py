@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import torch
 import torch.distributed as dist
@@ -32,12 +31,12 @@ def train(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults: Faul
         for step in range(cfg.train.steps):
             faults.at_step_start(step)
             tracing.set_step(step)
-            start_ns = time.time_ns()
+            start_ns = tracing.now_ns()  # the aligned clock, comparable across ranks
             with tracing.span("data_wait", kind="host"):
                 batch, _ = loader.next()
             lr = learning_rate(cfg.train, step)
             result = train_step(state, batch, lr)
-            end_ns = time.time_ns()
+            end_ns = tracing.now_ns()
             tracing.record_step(step=step, start_ns=start_ns, end_ns=end_ns,
                                 tokens=tokens // dims.dp, loss=result.loss, lr=lr,
                                 grad_norm=result.grad_norm, model_flops=flops)

@@ -74,3 +74,16 @@ def render_text(report: dict) -> str:
     for w in report["warnings"]:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
+
+
+def json_safe(obj):
+    """NaN/inf -> None and numpy scalars -> Python, so the report is strict JSON."""
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return obj

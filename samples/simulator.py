@@ -119,6 +119,7 @@ class _SegmentWriter:
         times = {}
         for col, pos in (("issue_ns", 1), ("start_ns", 2), ("end_ns", 3)):
             arr = np.stack([np.stack([row[pos] for row in rows]) for rows in log.step_rows])
+            arr = np.where(np.isfinite(arr), arr, 0.0)  # ops that never completed (hang) are dropped below
             times[col] = np.ascontiguousarray((START_NS + np.rint(arr * 1e9).astype(np.int64)).reshape(k * e, n).T)
         valid = np.ascontiguousarray(np.stack([np.stack([row[4] for row in rows])
                                                for rows in log.step_rows]).reshape(k * e, n).T)

@@ -1,0 +1,56 @@
+"""`megascope analyze RUN [--json] [--html FILE]`: findings first, then the MFU summary."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from megascope.analyzer.progress import ProgressBar
+from megascope.analyzer.report import json_safe, render_text
+from megascope.analyzer.store import RunOpenError
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("analyze", help="diagnose a run: stragglers, flaps, hangs, MFU",
+                              description="Analyze a run directory and report findings (one actionable "
+                                          "sentence each) and the MFU timeline.")
+    p.add_argument("run_dir", metavar="RUN", help="run directory (from `megascope train` or `megascope simulate`)")
+    p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of text")
+    p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
+    p.add_argument("--no-what-if", action="store_true", help="skip the what-if replays (faster on huge runs)")
+    p.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    from megascope.analyzer.run import Run
+    bar = ProgressBar()
+    try:
+        bar("opening", 0, 3)
+        analysis = Run.open(args.run_dir, progress=bar, threads=args.threads)
+        bar("analyzing", 1, 3)
+        report = analysis.report(with_what_if=not args.no_what_if)
+        if args.html:
+            from megascope.analyzer.html_report import write_html
+            bar("html", 2, 3)
+            write_html(analysis, report, args.html)
+        bar("done", 3, 3)
+    except RunOpenError as exc:
+        bar.close()
+        print(f"megascope analyze: {exc}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        bar.close()
+        print(f"megascope analyze: cannot analyze {args.run_dir}: {exc}", file=sys.stderr)
+        return 1
+    bar.close()
+    if args.json:
+        json.dump(json_safe(report), sys.stdout, allow_nan=False, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(render_text(report))
+        if args.html:
+            print(f"HTML report: {args.html}")
+    return 0
+

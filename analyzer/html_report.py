@@ -1,0 +1,61 @@
+"""`--html FILE`: a self-contained report (plotly inlined). The only module of the analyzer that draws."""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+if TYPE_CHECKING:
+    from megascope.analyzer.run import Run
+
+
+def _figures(run: "Run", report: dict) -> list[go.Figure]:
+    mfu = run.mfu().per_step
+    figs = []
+    fig = go.Figure(go.Scatter(x=mfu.step, y=100 * mfu.mfu, mode="lines+markers", name="MFU"))
+    fig.update_layout(title="MFU per step (%)", xaxis_title="step", yaxis_title="mfu(%)", height=320)
+    figs.append(fig)
+    fig = go.Figure(go.Scatter(x=mfu.step, y=mfu.step_time_s, mode="lines+markers", name="step time"))
+    fig.update_layout(title="Step time (s)", xaxis_title="step", yaxis_title="step_time(s)", height=320)
+    figs.append(fig)
+    parts = run.breakdown().groupby("step")[["compute_s", "exposed_comm_s", "bubble_s", "data_wait_s", "other_s"]].mean()
+    fig = go.Figure([go.Bar(x=parts.index, y=parts[c], name=c) for c in parts.columns])
+    fig.update_layout(barmode="stack", title="Step-time breakdown, mean over ranks (s)", height=360)
+    figs.append(fig)
+    for metric in ("compute", "exposed_comm"):
+        hm = run.heatmap(metric, max_rows=256, max_cols=300)
+        fig = go.Figure(go.Heatmap(z=hm.values, x=hm.cols, y=hm.rows, colorscale="Viridis",
+                                   colorbar={"title": hm.unit}))
+        fig.update_layout(title=f"{metric} per rank and step ({hm.unit})", xaxis_title="step",
+                          yaxis_title=hm.group_by, height=480)
+        figs.append(fig)
+    return figs
+
+
+def write_html(run: "Run", report: dict, path: str | Path) -> Path:
+    rows = "".join(
+        f"<tr><td>{html.escape(f['kind'])}</td><td>{f['steps'][0]}-{f['steps'][1]}</td>"
+        f"<td>{f['severity']:.2f}</td><td>{html.escape(', '.join(map(str, f['ranks'][:16])))}</td>"
+        f"<td>{html.escape(f['summary'])}</td></tr>" for f in report["findings"]) or \
+        "<tr><td colspan=5>No findings.</td></tr>"
+    figs = _figures(run, report)
+    plots = "".join(pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figs))
+    r = report["run"]
+    mean = report["mfu"]["mean"]
+    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>megascope report {html.escape(str(r['run_id']))}</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}</style>
+</head><body><h1>megascope report</h1>
+<p>{html.escape(str(r['path']))}: {r['world']} ranks (dp={r['dp']} tp={r['tp']} pp={r['pp']} vpp={r['vpp']}), {r['steps']} steps,
+mean MFU {'n/a' if mean is None else f'{100 * mean:.1f}%'}.</p>
+<h2>Findings</h2><table><tr><th>kind</th><th>steps</th><th>severity</th><th>ranks</th><th>summary</th></tr>{rows}</table>
+<h2>Plots</h2>{plots}
+{''.join(f'<p>warning: {html.escape(w)}</p>' for w in report['warnings'])}
+</body></html>"""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(doc)
+    return path

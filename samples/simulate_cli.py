@@ -1,0 +1,58 @@
+"""`megascope simulate OUT --dp --tp --pp [--vpp] --steps [--inject SPEC]...`: write a simulated run."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    p = subparsers.add_parser("simulate", help="write a simulated run directory (any layout, injected faults)",
+                              description="Simulate a dp x tp x pp (x vpp) training job with a 1F1B/interleaved "
+                                          "timeline, noise and injected faults; writes what the tracer writes.")
+    p.add_argument("out", metavar="OUT", help="run directory to create")
+    p.add_argument("--dp", type=int, default=2)
+    p.add_argument("--tp", type=int, default=2)
+    p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--vpp", type=int, default=1)
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--micro-batches", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--inject", action="append", default=[], metavar="SPEC",
+                   help="fault: straggler:rank=R,slowdown=X[,from=S][,to=S] | late_launch:rank=R,ms=M[,every=K] | "
+                        "flap:ranks=A-B,down_ms=D,period_steps=P | hang:rank=R,at=S | "
+                        "imbalance:stage=P,slowdown=X | slow_link:ranks=A-B,factor=X")
+    p.add_argument("--force", action="store_true", help="overwrite OUT if it already holds a run")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    import shutil
+    from pathlib import Path
+
+    from megascope.samples.faults_sim import FaultSpecError
+    from megascope.samples.simulator import SimConfig, simulate
+    out = Path(args.out)
+    if (out / "run.json").exists():
+        if not args.force:
+            print(f"megascope simulate: {out} already holds a run; pass --force to overwrite", file=sys.stderr)
+            return 2
+        shutil.rmtree(out)
+    cfg = SimConfig(dp=args.dp, tp=args.tp, pp=args.pp, vpp=args.vpp, steps=args.steps,
+                    micro_batches=args.micro_batches, seed=args.seed, inject=args.inject)
+    tty = sys.stderr.isatty()
+
+    def progress(done: int, total: int) -> None:
+        if tty:
+            sys.stderr.write(f"\rsimulating step {done}/{total}")
+            sys.stderr.flush()
+
+    try:
+        simulate(out, cfg, progress)
+    except (FaultSpecError, ValueError) as exc:
+        print(f"megascope simulate: {exc}", file=sys.stderr)
+        return 2
+    if tty:
+        sys.stderr.write("\n")
+    print(f"wrote {cfg.world} ranks x {cfg.steps} steps to {out}")
+    return 0

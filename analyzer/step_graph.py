@@ -34,7 +34,7 @@ def events_window(store: Store, first: int, last: int, ranks: list[int] | None, 
     if ranks is not None:
         ids = ", ".join(str(int(r)) for r in ranks) or "-1"
         rank_filter = f"AND rank IN ({ids})"
-    return store.query(load_sql("events_window").format(rank_filter=rank_filter),
+    return store.query(load_sql("events_window").format(source=store.events_source(ranks), rank_filter=rank_filter),
                        {"first": int(first), "last": int(last), "limit": int(limit)})
 
 

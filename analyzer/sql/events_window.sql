@@ -3,11 +3,12 @@
 --                       the same event gets the same id whatever window or rank filter is asked for
 --   plus every events column (rank, step, microbatch, chunk, name, kind, group, seq, peer, bytes,
 --   issue_ns, start_ns, end_ns)
--- Parameters: $first, $last, $limit; formatted: {rank_filter} ('' or 'AND rank IN (...)').
+-- Parameters: $first, $last, $limit; formatted: {source} (the events view or the chosen ranks'
+-- segments), {rank_filter} ('' or 'AND rank IN (...)').
 SELECT (CAST(rank AS BIGINT) << 40) + (step << 16)
        + row_number() OVER (PARTITION BY rank, step ORDER BY issue_ns, start_ns, kind, name, microbatch, seq) - 1
        AS event_id, *
-FROM events
+FROM {source}
 WHERE step BETWEEN $first AND $last {rank_filter}
 ORDER BY rank, step, issue_ns, start_ns
 LIMIT $limit;

@@ -2,19 +2,18 @@
 -- peer waiting removed. A transfer's span ends on both sides when it completes, so its effective time
 -- end - max(send issue, recv issue) = min(send duration, recv duration); the per-step floor over the
 -- link's transfers is then min(min send duration, min recv duration): no send/recv join needed.
+-- Reads _rank_peer_step (rank_step.sql), not the events.
 --   src INT, dst INT, step BIGINT
 --   floor_s DOUBLE        -- fastest effective transfer on the link in the step
 --   transfers BIGINT      -- transfers seen on the sender side
 --   src_pp, dst_pp INT    -- pipeline stages (links of the same stage pair are each other's peers)
 CREATE OR REPLACE TEMP TABLE p2p_link_steps AS
 WITH _sends AS (
-    SELECT rank AS src, peer AS dst, step, min(end_ns - issue_ns) AS send_ns, count(*) AS transfers
-    FROM events WHERE kind = 'p2p' AND name LIKE 'send%' AND peer >= 0
-    GROUP BY ALL
+    SELECT rank AS src, peer AS dst, step, send_min_ns AS send_ns, sends AS transfers
+    FROM _rank_peer_step WHERE peer >= 0 AND sends > 0
 ), _recvs AS (
-    SELECT peer AS src, rank AS dst, step, min(end_ns - issue_ns) AS recv_ns
-    FROM events WHERE kind = 'p2p' AND name LIKE 'recv%' AND peer >= 0
-    GROUP BY ALL
+    SELECT peer AS src, rank AS dst, step, recv_min_ns AS recv_ns
+    FROM _rank_peer_step WHERE peer >= 0 AND recv_min_ns IS NOT NULL
 )
 SELECT s.src, s.dst, s.step, least(s.send_ns, r.recv_ns) / 1e9 AS floor_s, s.transfers,
     ts.pp AS src_pp, td.pp AS dst_pp

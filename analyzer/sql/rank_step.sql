@@ -1,5 +1,6 @@
 -- rank_step: one row per rank and step, where the rank's time went (the base of most analyses).
--- Built once per Run from a single scan of `events` joined to `steps` and `topology`.
+-- Built once per Run from a single scan of `events` (grouped by rank, step and p2p peer, so the
+-- same scan also feeds p2p_links.sql through _rank_peer_step), joined to `steps` and `topology`.
 --   rank INT, step BIGINT, pp/dp/tp INT, host VARCHAR   -- who
 --   start_ns, end_ns BIGINT      -- the rank's step span (aligned clock)
 --   step_time_s DOUBLE           -- end - start of the rank's step
@@ -12,17 +13,29 @@
 --   data_wait_s DOUBLE           -- host data_wait spans
 --   other_s DOUBLE               -- step time covered by no blocking span (host gaps, late launches)
 --   n_events BIGINT
+CREATE OR REPLACE TEMP TABLE _rank_peer_step AS
+SELECT rank, step, peer,
+    coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'compute'), 0) AS compute_ns,
+    coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'compute' AND name = 'forward'), 0) AS forward_ns,
+    coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'compute' AND name = 'backward'), 0) AS backward_ns,
+    coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'p2p' AND name LIKE 'recv%'), 0) AS recv_ns,
+    coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'collective'), 0) AS collective_ns,
+    coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'host' AND name = 'data_wait'), 0) AS data_wait_ns,
+    min(end_ns - issue_ns) FILTER (WHERE kind = 'p2p' AND name LIKE 'send%') AS send_min_ns,
+    count(*) FILTER (WHERE kind = 'p2p' AND name LIKE 'send%') AS sends,
+    min(end_ns - issue_ns) FILTER (WHERE kind = 'p2p' AND name LIKE 'recv%') AS recv_min_ns,
+    count(*) AS n_events
+FROM events
+GROUP BY rank, step, peer;
+
 CREATE OR REPLACE TEMP TABLE rank_step AS
 WITH _per_rank_step AS (
     SELECT rank, step,
-        coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'compute'), 0) / 1e9 AS compute_s,
-        coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'compute' AND name = 'forward'), 0) / 1e9 AS forward_s,
-        coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'compute' AND name = 'backward'), 0) / 1e9 AS backward_s,
-        coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'p2p' AND name LIKE 'recv%'), 0) / 1e9 AS recv_s,
-        coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'collective'), 0) / 1e9 AS collective_s,
-        coalesce(sum(end_ns - start_ns) FILTER (WHERE kind = 'host' AND name = 'data_wait'), 0) / 1e9 AS data_wait_s,
-        count(*) AS n_events
-    FROM events
+        sum(compute_ns) / 1e9 AS compute_s, sum(forward_ns) / 1e9 AS forward_s,
+        sum(backward_ns) / 1e9 AS backward_s, sum(recv_ns) / 1e9 AS recv_s,
+        sum(collective_ns) / 1e9 AS collective_s, sum(data_wait_ns) / 1e9 AS data_wait_s,
+        sum(n_events) AS n_events
+    FROM _rank_peer_step
     GROUP BY rank, step
 )
 SELECT s.rank, s.step, t.pp, t.dp, t.tp, t.host, s.start_ns, s.end_ns,

@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "export": "megascope.analyzer.export_cli",
     "dashboard": "megascope.dashboard.cli",
     "simulate": "megascope.samples.simulate_cli",
+    "import": "megascope.tracer.importers.cli",
 }
 
 

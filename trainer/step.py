@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from megascope import tracer
 from megascope.tracer import comm
 from megascope.trainer.parallelize import TrainState
 from megascope.trainer.tensor_parallel import sync_tp_grads
@@ -50,7 +51,8 @@ def train_step(state: TrainState, batch: torch.Tensor, lr: float) -> StepResult:
     opt.finish_grad_sync()
     sync_tp_grads(nn.ModuleList(state.chunks), state.dims)
     state.tied.all_reduce_grads()
-    grad_norm = opt.step(lr)
+    with tracer.span("optimizer", kind="compute"):  # includes the clipping norm and param all-gathers
+        grad_norm = opt.step(lr)
     return StepResult(loss=_reported_loss(state, loss_sum), grad_norm=grad_norm,
                       tokens=state.n_micro * batch.shape[1] * (batch.shape[2] - 1))
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
@@ -50,7 +51,7 @@ def _segments(root: Path, table: str) -> list[str]:
 class Store:
     """One DuckDB connection with the run's views; `query` returns pandas DataFrames."""
 
-    def __init__(self, path: str | Path, threads: int | None = None) -> None:
+    def __init__(self, path: str | Path, threads: int | None = None, memory_limit: str = "2.5GB") -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise RunOpenError(f"{self.path} does not exist; pass a run directory (the --run-dir of a "
@@ -66,6 +67,10 @@ class Store:
         self.con.execute(f"SET threads={threads or os.cpu_count() or 2}")
         self.con.execute("SET preserve_insertion_order=false")
         self.con.execute("SET parquet_metadata_cache=true")
+        # bounded memory: past this DuckDB spills aggregations to disk instead of growing
+        self.con.execute(f"SET memory_limit='{memory_limit}'")
+        self._spill = tempfile.TemporaryDirectory(prefix="megascope-duckdb-")
+        self.con.execute(f"SET temp_directory='{self._spill.name}'")
         self.topology = _topology_frame(self.manifest, self.path)
         self.con.register("_topology_df", self.topology)
         self.con.execute("CREATE TEMP TABLE topology AS SELECT * FROM _topology_df")
@@ -74,7 +79,8 @@ class Store:
         self._excluded: set[str] = set()
         for table in TABLES:
             self._make_view(table)
-            self.run_with_retry(lambda: self.con.execute(f"SELECT count(*) FROM {table}").fetchall())
+            if table != "events" or len(self.files[table]) <= 2000:  # big runs: the first scan validates
+                self.run_with_retry(lambda: self.con.execute(f"SELECT count(*) FROM {table}").fetchall())
         if not self.files["events"] and not self.files["steps"]:
             self.warnings.append("the run has no readable events or steps segments yet")
 

@@ -4,7 +4,7 @@
 --   "group" VARCHAR, instance BIGINT, seq BIGINT, step BIGINT, name VARCHAR
 --   members BIGINT            -- members that recorded the op
 --   last_rank INT             -- the member that arrived (issued) last: the one the others waited for
---   lateness_s DOUBLE         -- last arrival - median arrival: how late the last member was
+--   lateness_s DOUBLE         -- last arrival - mean arrival: how late the last member was
 --   skew_s DOUBLE             -- last arrival - first arrival
 --   effective_s DOUBLE        -- end - last arrival: the transfer itself, peer waiting removed
 -- Parameters (formatted, integers): {dp}, {tp}.
@@ -19,7 +19,7 @@ SELECT e."group",
     any_value(e.name) AS name,
     count(*) AS members,
     arg_max(e.rank, e.issue_ns) AS last_rank,
-    (max(e.issue_ns) - quantile_disc(e.issue_ns, 0.5)) / 1e9 AS lateness_s,
+    (max(e.issue_ns) - avg(e.issue_ns)) / 1e9 AS lateness_s,
     (max(e.issue_ns) - min(e.issue_ns)) / 1e9 AS skew_s,
     greatest(max(e.end_ns) - max(e.issue_ns), 0) / 1e9 AS effective_s
 FROM events e

@@ -127,12 +127,34 @@ class TraceConfig:
 
 
 @dataclass
+class RobustConfig:
+    checkpoint_every: int = 0
+    """Save a checkpoint every n steps into RUN/checkpoints/ (0 = never); a restart resumes from the latest complete one."""
+    keep_last: int = 2
+    """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
+    max_restarts: int = 0
+    """Automatic restarts of the worker group after a failure (elastic agent); --max-restarts overrides it."""
+    heartbeat_interval_s: float = 1.0
+    """Each rank reports host, pid, step, status and its last traced event this often (RUN/heartbeats/)."""
+    heartbeat_timeout_s: float = 30.0
+    """A rank whose heartbeat is older than this is silent: the driver stops the worker group."""
+    stall_timeout_s: float = 120.0
+    """No step progress on any rank for this long is a stall (0 = off); keep it above trace.hang_timeout_s so
+    the in-flight records are written before the group is stopped."""
+    self_check: str = "restart"
+    """GEMM and bandwidth self-checks: restart (before each automatic restart), always (also at first start) or off."""
+    self_check_threshold: float = 0.5
+    """A rank or link below this fraction of its peers' median (and a robust outlier) is flagged."""
+
+
+@dataclass
 class JobConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     data: DataConfig = field(default_factory=DataConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    robust: RobustConfig = field(default_factory=RobustConfig)
     run_dir: str = ""
     """Run directory; empty = runs/<timestamp>."""
     inject: list[str] = field(default_factory=list)
@@ -152,7 +174,7 @@ class JobConfig:
         return cfg
 
 
-SECTIONS = ("model", "parallel", "train", "data", "trace")
+SECTIONS = ("model", "parallel", "train", "data", "trace", "robust")
 
 
 class ConfigError(ValueError):

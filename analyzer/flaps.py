@@ -20,7 +20,7 @@ from megascope.analyzer.store import Store, load_sql
 
 @dataclass
 class FlapConfig:
-    flag_ratio: float = 1.5
+    flag_ratio: float = 1.3
     min_extra_s: float = 1e-4       # ignore degradations smaller than this (timer resolution, noise)
     steady_fraction: float = 0.8    # degraded on this share of steps: steadily slow, not flapping
     min_episodes: int = 2

@@ -1,0 +1,165 @@
+"""NDTimeline-style Parquet import: synthetic traces (one worker per (dp, stage), as the public
+what-if artifact holds) with an injected slow worker, a stage imbalance and random sequence-length
+imbalance, analyzed end to end; bad inputs give a clear message and exit code 2."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from megascope.analyzer import Run
+from megascope.cli import main
+from megascope.tracer.importers.cli import import_run
+from megascope.tracer.importers.writer import ImportInputError
+
+DP, TP, PP, STEPS, MICRO = 4, 2, 4, 10, 4
+T0 = 1_700_000_000.0
+
+
+def _rank(stage: int, dp: int) -> int:
+    return (stage * DP + dp) * TP  # tp coordinate 0: one worker per (dp, stage)
+
+
+def synth_ndtimeline(path: Path, slow: dict[tuple[int, int], float] | None = None,
+                     stage_factor: dict[int, float] | None = None, seq_sigma: float = 0.0,
+                     seed: int = 0) -> Path:
+    """A GPipe-ordered timeline per replica: forward chain over stages per micro-batch, backward
+    chain back, then a dp reduce-scatter (everyone waits for the slowest replica), optimizer, all-gather."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    t = T0
+    for step in range(STEPS):
+        seq = np.exp(rng.normal(0, seq_sigma, size=(DP, MICRO))) if seq_sigma else np.ones((DP, MICRO))
+        ends = {}
+        for d in range(DP):
+            fwd_free = [t] * PP
+            fwd_end = {}
+            for m in range(MICRO):
+                for s in range(PP):
+                    factor = (slow or {}).get((d, s), 1.0) * (stage_factor or {}).get(s, 1.0) * seq[d, m]
+                    ready = fwd_end.get((m, s - 1), t) if s else t
+                    if s:  # waiting for the activation: a forward-recv
+                        rows.append((d, s, step, "forward-recv", fwd_free[s], max(0.0, ready - fwd_free[s]) + 1e-4, m))
+                    start = max(fwd_free[s], ready) + 1e-4
+                    dur = 0.010 * factor * (1 + rng.normal(0, 0.005))
+                    rows.append((d, s, step, "forward-compute", start, dur, m))
+                    if s < PP - 1:
+                        rows.append((d, s, step, "forward-send", start + dur, 1e-4, m))
+                    fwd_end[(m, s)] = fwd_free[s] = start + dur + 1e-4
+            bwd_free = list(fwd_free)
+            bwd_end = {}
+            for m in range(MICRO):
+                for s in reversed(range(PP)):
+                    factor = (slow or {}).get((d, s), 1.0) * (stage_factor or {}).get(s, 1.0) * seq[d, m]
+                    ready = bwd_end.get((m, s + 1), bwd_free[s]) if s < PP - 1 else bwd_free[s]
+                    if s < PP - 1:
+                        rows.append((d, s, step, "backward-recv", bwd_free[s], max(0.0, ready - bwd_free[s]) + 1e-4, m))
+                    start = max(bwd_free[s], ready) + 1e-4
+                    dur = 0.020 * factor * (1 + rng.normal(0, 0.005))
+                    rows.append((d, s, step, "backward-compute", start, dur, m))
+                    if s:
+                        rows.append((d, s, step, "backward-send", start + dur, 1e-4, m))
+                    bwd_end[(m, s)] = bwd_free[s] = start + dur + 1e-4
+            ends[d] = bwd_free
+        for s in range(PP):
+            arrive = {d: ends[d][s] for d in range(DP)}
+            done = max(arrive.values()) + 0.002
+            for d in range(DP):
+                rows.append((d, s, step, "grads-reduce-scatter", arrive[d], done - arrive[d], -1))
+                rows.append((d, s, step, "optimizer", done, 0.003, -1))
+                rows.append((d, s, step, "params-all-gather", done + 0.003, 0.002, -1))
+        t = max(max(e) for e in ends.values()) + 0.01
+    df = pd.DataFrame(rows, columns=["dp_rank", "stage", "step", "optype", "start_ts", "duration", "mb_id"])
+    df["rank"] = [_rank(s, d) for s, d in zip(df.stage, df.dp_rank)]
+    df["seq_id"] = df.groupby(["rank", "step"]).cumcount()
+    df["mc"] = 0
+    df["gmc"] = df["stage"]
+    df.to_parquet(path, index=False)
+    return path
+
+
+def _job_yaml(path: Path) -> Path:
+    path.write_text(f"# job sizes\ndp: {DP}\npp: {PP}\ntp: {TP}\nvpp: 1\nworld: {DP * TP * PP}\n")
+    return path
+
+
+def _findings(tmp: Path, name: str, **synth) -> list:
+    src = synth_ndtimeline(tmp / f"{name}.parquet", **synth)
+    out = tmp / f"run-{name}"
+    import_run("ndtimeline", [src, _job_yaml(tmp / "job.yaml")], out)
+    return Run.open(out).findings()
+
+
+def test_slow_worker_is_named(tmp_path: Path):
+    findings = _findings(tmp_path, "slow", slow={(2, 1): 1.3})
+    kinds = [(f.kind, f.ranks) for f in findings]
+    assert ("straggler", [_rank(1, 2)]) in kinds, kinds
+    assert not any(f.kind == "stage_imbalance" for f in findings)
+
+
+def test_stage_imbalance_is_named(tmp_path: Path):
+    findings = _findings(tmp_path, "imb", stage_factor={3: 1.25})
+    imbalance = [f for f in findings if f.kind == "stage_imbalance"]
+    assert len(imbalance) == 1 and imbalance[0].evidence["stage"] == 3
+    assert sorted(imbalance[0].ranks) == [_rank(3, d) for d in range(DP)]
+    assert not any(f.kind == "straggler" for f in findings)
+
+
+def test_random_sequence_imbalance_blames_no_worker_or_stage(tmp_path: Path):
+    findings = _findings(tmp_path, "seq", seq_sigma=0.25, seed=3)
+    assert not [f for f in findings if f.kind in ("straggler", "stage_imbalance")], \
+        [(f.kind, f.ranks, f.steps) for f in findings]
+
+
+def test_imported_run_looks_like_a_traced_one(tmp_path: Path):
+    src = synth_ndtimeline(tmp_path / "t.parquet")
+    out = tmp_path / "run"
+    assert main(["import", "ndtimeline", str(src), str(_job_yaml(tmp_path / "job.yaml")), "--out", str(out)]) == 0
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["source"] == "import:ndtimeline"
+    assert [Path(s["path"]).name for s in manifest["import"]["sources"]] == ["job.yaml", "t.parquet"]
+    assert (manifest["topology"]["world"], len(manifest["topology"]["ranks"])) == (DP * TP * PP, DP * PP)
+    run = Run.open(out)
+    ev = run.events(steps=(3, 3))
+    assert set(ev.name) >= {"forward", "backward", "send_forward", "recv_forward", "send_backward",
+                            "recv_backward", "reduce_scatter", "all_gather", "optimizer"}
+    # p2p: the k-th send A->B matches the k-th recv on B from A (the tracer's numbering)
+    sends = ev[ev.name == "send_forward"].set_index(["rank", "peer", "seq"]).index
+    recvs = ev[ev.name == "recv_forward"].set_index(["peer", "rank", "seq"]).index
+    assert set(sends) == set(recvs) and len(sends) == DP * (PP - 1) * MICRO
+    assert len(run.steps()) == DP * PP * STEPS
+    assert not run.dependencies(3).empty
+
+
+def test_missing_and_renamed_columns(tmp_path: Path, capsys):
+    src = synth_ndtimeline(tmp_path / "t.parquet")
+    df = pd.read_parquet(src).rename(columns={"start_ts": "start_time"}).drop(columns=["duration"])
+    bad = tmp_path / "bad.parquet"
+    df.to_parquet(bad)
+    assert main(["import", "ndtimeline", str(bad), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "missing column(s) start_ts (found 'start_time': pass --column start_ts=start_time); duration" in err
+    assert "Traceback" not in err
+    renamed = tmp_path / "renamed.parquet"
+    pd.read_parquet(src).rename(columns={"start_ts": "begin"}).to_parquet(renamed)
+    assert main(["import", "ndtimeline", str(renamed), "--out", str(tmp_path / "r"), "--column", "start_ts=begin",
+                 "--tp", str(TP)]) == 0
+
+
+def test_missing_worker_and_wrong_format(tmp_path: Path, capsys):
+    src = synth_ndtimeline(tmp_path / "t.parquet")
+    df = pd.read_parquet(src)
+    df[~((df.dp_rank == 1) & (df.stage == 2))].to_parquet(tmp_path / "partial.parquet")
+    result = import_run("ndtimeline", [tmp_path / "partial.parquet", _job_yaml(tmp_path / "job.yaml")], tmp_path / "p")
+    assert len(result.ranks) == DP * PP - 1
+    assert any("dp=1/stage=2" in w for w in result.warnings)
+    Run.open(tmp_path / "p").findings()  # analyzable with the hole
+    (tmp_path / "x.parquet").write_text('{"traceEvents": []}')
+    with pytest.raises(ImportInputError, match="not a readable Parquet file"):
+        import_run("ndtimeline", [tmp_path / "x.parquet"], tmp_path / "x")
+    assert main(["import", "nope", str(src), "--out", str(tmp_path / "n")]) == 2
+    assert "unknown format 'nope'" in capsys.readouterr().err

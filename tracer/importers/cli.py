@@ -1,0 +1,131 @@
+"""`megascope import FORMAT SRC... --out RUN`: a dump from another tool -> a megascope run directory.
+
+    megascope import kineto traces/rank*.json.gz --out runs/prof [--dp 4 --tp 2 --pp 2] [--jobs 2]
+    megascope import ndtimeline dump/*.parquet job.yaml --out runs/ndt [--column start_ts=begin]
+    megascope import flight-recorder dumps/nccl_trace_rank_* --out runs/hang [--dp ...]
+
+Exit codes: 0 imported; 2 bad input (one line per problem on stderr, no traceback). When some inputs
+are unreadable the readable ranks are still imported (the run is usable) and the exit code is 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from megascope.tracer.importers.writer import ImportInputError, RunWriter
+
+FORMATS = {"kineto": "kineto", "torch-profiler": "kineto", "ndtimeline": "ndtimeline",
+           "flight-recorder": "flight_recorder", "fr": "flight_recorder"}
+
+
+@dataclass
+class ImportResult:
+    out: Path
+    ranks: list[int]
+    warnings: list[str] = field(default_factory=list)
+    failed_sources: list[str] = field(default_factory=list)
+    """Inputs that could not be read at all (their ranks are missing from the run)."""
+
+
+def import_run(fmt: str, sources: list[str | Path], out: str | Path, dp: int | None = None,
+               tp: int | None = None, pp: int | None = None, vpp: int | None = None,
+               columns: dict[str, str] | None = None, jobs: int = 1) -> ImportResult:
+    """Import `sources` of format `fmt` into the new run directory `out`. Raises ImportInputError."""
+    module = FORMATS.get(fmt)
+    if module is None:
+        raise ImportInputError(f"unknown format '{fmt}'; use one of: kineto, ndtimeline, flight-recorder")
+    paths = _expand(sources)
+    writer = RunWriter(out, "flight-recorder" if module == "flight_recorder" else module)
+    failed: list[str] = []
+    extra: dict = {}
+    hosts: dict[int, str] = {}
+    if module == "kineto":
+        from megascope.tracer.importers.kineto import import_kineto
+
+        layout, ranks, hosts, failed = import_kineto(paths, writer, dp, tp, pp, vpp, jobs=jobs)
+    elif module == "ndtimeline":
+        from megascope.tracer.importers.ndtimeline import import_ndtimeline
+
+        layout, ranks = import_ndtimeline(paths, writer, dp, tp, pp, vpp, columns or {})
+    else:
+        from megascope.tracer.importers.flight_recorder import import_flight_recorder
+
+        layout, ranks, failed, extra = import_flight_recorder(paths, writer, dp, tp, pp, vpp)
+    if not ranks:
+        raise ImportInputError("nothing could be imported: " + "; ".join(writer.warnings or ["no ranks found"]))
+    writer.finish(layout, ranks, {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "columns": columns or {}},
+                  hosts=hosts, extra=extra)
+    return ImportResult(Path(out), ranks, list(writer.warnings), failed)
+
+
+def _expand(sources: list[str | Path]) -> list[Path]:
+    """Paths as given; globs the shell did not expand; directories -> their files (sorted)."""
+    out: list[Path] = []
+    for src in sources:
+        text = str(src)
+        matches = sorted(glob.glob(text)) if any(c in text for c in "*?[") else [text]
+        if not matches:
+            raise ImportInputError(f"{text}: no file matches")
+        for m in matches:
+            p = Path(m)
+            if p.is_dir():
+                out.extend(sorted(f for f in p.iterdir() if f.is_file() and not f.name.startswith(".")))
+            elif p.is_file():
+                out.append(p)
+            else:
+                raise ImportInputError(f"{p} does not exist; pass the dump files (one per rank) or their folder")
+    if not out:
+        raise ImportInputError("no input files; pass the dump files (one per rank) or their folder")
+    return out
+
+
+def _column_map(items: list[str]) -> dict[str, str]:
+    mapping = {}
+    for item in items:
+        ours, sep, theirs = item.partition("=")
+        if not sep or not ours or not theirs:
+            raise ImportInputError(f"--column {item!r}: expected OURS=THEIRS, e.g. --column start_ts=begin_s")
+        mapping[ours.strip()] = theirs.strip()
+    return mapping
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "import", help="turn a trace dump from another tool into a run directory",
+        description="Import PyTorch profiler (Kineto) JSON[.gz], NDTimeline-style Parquet or torch "
+                    "flight-recorder dumps into a megascope run directory; then analyze/export/dashboard it.")
+    p.add_argument("format", metavar="FORMAT", help="kineto | ndtimeline | flight-recorder")
+    p.add_argument("sources", metavar="SRC", nargs="+", help="dump files (one per rank), folders or globs")
+    p.add_argument("--out", required=True, metavar="RUN", help="new run directory to write")
+    for name in ("dp", "tp", "pp", "vpp"):
+        p.add_argument(f"--{name}", type=int, default=None,
+                       help=f"{name} size (default: from the dump's process groups / job file)")
+    p.add_argument("--column", action="append", default=[], metavar="OURS=THEIRS",
+                   help="ndtimeline: read our column OURS from the file's column THEIRS (renamed columns)")
+    p.add_argument("--jobs", type=int, default=1, help="kineto: files parsed in parallel (processes)")
+
+
+def run(args: argparse.Namespace) -> int:
+    for name in ("dp", "tp", "pp", "vpp", "jobs"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            print(f"megascope import: --{name} must be >= 1, got {value}", file=sys.stderr)
+            return 2
+    try:
+        result = import_run(args.format, args.sources, args.out, args.dp, args.tp, args.pp, args.vpp,
+                            _column_map(args.column), jobs=args.jobs)
+    except (ImportInputError, ValueError, OSError) as exc:
+        print(f"megascope import: {exc}", file=sys.stderr)
+        return 2
+    for w in result.warnings:
+        print(f"megascope import: warning: {w}", file=sys.stderr)
+    print(f"imported {len(result.ranks)} rank(s) into {result.out}; next: megascope analyze {result.out}")
+    if result.failed_sources:
+        print(f"megascope import: {len(result.failed_sources)} input(s) could not be read: "
+              f"{', '.join(result.failed_sources)}; the other ranks were imported", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,168 @@
+"""Writing an imported trace as a run directory: the same Parquet segments, run.json and in-flight
+records the tracer writes, so `analyze`, `export` and `dashboard` cannot tell an import from a trace.
+
+Rows are buffered per rank in plain Python lists and flushed through the tracer's own
+`ParquetSegmentSink` every `flush_rows` rows, so memory stays bounded whatever the size of the dump.
+run.json records where the data came from: `"source": "import:<format>"` and `"import"` (the source
+files, their sizes, the options used and every warning raised while reading).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from megascope.tracer import run_dir as rd
+from megascope.tracer.importers.layout import Layout
+from megascope.tracer.schema import EVENTS, SCHEMA_VERSION, STEPS
+from megascope.tracer.sink import ParquetSegmentSink
+
+
+class ImportInputError(ValueError):
+    """The input cannot be imported; the message says what was expected and what to do."""
+
+
+_EVENT_COLUMNS = [f.name for f in EVENTS]
+_STEP_COLUMNS = [f.name for f in STEPS]
+
+
+class RunWriter:
+    """Buffers events/steps per rank and writes them as segments of the run directory `out`."""
+
+    def __init__(self, out: str | Path, fmt: str, flush_rows: int = 500_000) -> None:
+        self.out = Path(out)
+        if self.out.exists() and (self.out / rd.MANIFEST).exists():
+            raise ImportInputError(f"{self.out} already holds a run (run.json); pass a new --out directory")
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.fmt = fmt
+        self.flush_rows = flush_rows
+        self.warnings: list[str] = []
+        self.sources: list[dict[str, Any]] = []
+        self._events: dict[int, dict[str, list]] = {}
+        self._steps: dict[int, dict[str, list]] = {}
+        self._sinks: dict[int, ParquetSegmentSink] = {}
+        self.rows_written = {"events": 0, "steps": 0}
+
+    # ---- rows -------------------------------------------------------------------------------
+    def event(self, rank: int, step: int, name: str, kind: str, start_ns: int, end_ns: int,
+              issue_ns: int | None = None, microbatch: int = -1, chunk: int = -1, group: str = "",
+              seq: int = -1, peer: int = -1, nbytes: int = 0) -> None:
+        cols = self._events.get(rank)
+        if cols is None:
+            cols = self._events[rank] = {c: [] for c in _EVENT_COLUMNS}
+        for col, value in (("rank", rank), ("step", step), ("microbatch", microbatch), ("chunk", chunk),
+                           ("name", name), ("kind", kind), ("group", group), ("seq", seq), ("peer", peer),
+                           ("bytes", nbytes), ("issue_ns", start_ns if issue_ns is None else issue_ns),
+                           ("start_ns", start_ns), ("end_ns", max(end_ns, start_ns))):
+            cols[col].append(value)
+        if len(cols["rank"]) >= self.flush_rows:
+            self._flush(rank, "events")
+
+    def step(self, rank: int, step: int, start_ns: int, end_ns: int, tokens: int = 0,
+             loss: float = math.nan, lr: float = math.nan, grad_norm: float = math.nan,
+             model_flops: float = 0.0) -> None:
+        cols = self._steps.get(rank)
+        if cols is None:
+            cols = self._steps[rank] = {c: [] for c in _STEP_COLUMNS}
+        for col, value in (("rank", rank), ("step", step), ("start_ns", start_ns), ("end_ns", end_ns),
+                           ("tokens", tokens), ("loss", loss), ("lr", lr), ("grad_norm", grad_norm),
+                           ("model_flops", model_flops), ("dropped_events", 0)):
+            cols[col].append(value)
+        if len(cols["rank"]) >= self.flush_rows:
+            self._flush(rank, "steps")
+
+    def table(self, rank: int, table: str, batch: pa.Table) -> None:
+        """Write an already columnar batch (vectorized importers) as one segment of `rank`."""
+        schema = EVENTS if table == "events" else STEPS
+        batch = batch.select([f.name for f in schema]).cast(schema)
+        sink = self._sinks.get(rank)
+        if sink is None:
+            sink = self._sinks[rank] = ParquetSegmentSink(self.out, rank)
+        sink.write(table, batch)
+        self.rows_written[table] += batch.num_rows
+
+    def steps_from_events(self, rank: int, bounds: dict[int, list[int]]) -> None:
+        """A steps row per step from the [first start, last end] of its events (formats without one)."""
+        for step in sorted(bounds):
+            if step >= 0:
+                self.step(rank, step, bounds[step][0], bounds[step][1])
+
+    def inflight(self, rank: int, record: dict[str, Any]) -> None:
+        """RUN/inflight/rank=NNNNN.json, the hang watchdog's record (see docs/schema.md)."""
+        rd.write_json_atomic(rd.inflight_dir(self.out) / f"rank={rank:05d}.json",
+                             {"schema_version": SCHEMA_VERSION, "rank": rank, **record})
+
+    def warn(self, message: str) -> None:
+        self.warnings.append(message)
+
+    def add_source(self, path: str | Path, **info: Any) -> None:
+        p = Path(path)
+        self.sources.append({"path": str(p.resolve()), "bytes": p.stat().st_size if p.exists() else None, **info})
+
+    # ---- flushing ---------------------------------------------------------------------------
+    def _flush(self, rank: int, table: str) -> None:
+        buffers = self._events if table == "events" else self._steps
+        cols = buffers.get(rank)
+        if not cols or not cols["rank"]:
+            return
+        schema = EVENTS if table == "events" else STEPS
+        batch = pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)
+        sink = self._sinks.get(rank)
+        if sink is None:
+            sink = self._sinks[rank] = ParquetSegmentSink(self.out, rank)
+        sink.write(table, batch)
+        self.rows_written[table] += batch.num_rows
+        buffers[rank] = {c: [] for c in cols}
+
+    def flush_rank(self, rank: int) -> None:
+        self._flush(rank, "events")
+        self._flush(rank, "steps")
+
+    def drop_rank(self, rank: int) -> None:
+        """Forget a rank's buffered and written rows (its input turned out unreadable)."""
+        self._events.pop(rank, None)
+        self._steps.pop(rank, None)
+        self._sinks.pop(rank, None)
+        for table in ("events", "steps"):
+            folder = rd.table_dir(self.out, table, rank)
+            if folder.is_dir():
+                for f in folder.iterdir():
+                    f.unlink()
+                folder.rmdir()
+
+    def ranks_written(self) -> list[int]:
+        return sorted(set(self._events) | set(self._steps) | set(self._sinks))
+
+    def finish(self, layout: Layout, ranks: list[int], options: dict[str, Any],
+               hosts: dict[int, str] | None = None, extra: dict[str, Any] | None = None) -> Path:
+        """Flush every rank and write run.json (last: a reader never sees a manifest without data)."""
+        for rank in list(set(self._events) | set(self._steps)):
+            self.flush_rank(rank)
+        rd.write_manifest(self.out, {
+            "run_id": f"import-{self.fmt}-{int(time.time())}",
+            "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "source": f"import:{self.fmt}",
+            "import": {"format": self.fmt, "sources": self.sources, "options": options,
+                       "warnings": self.warnings, "imported_at_pid": os.getpid(),
+                       "rows": dict(self.rows_written)},
+            "config": {"parallel": {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp}},
+            "topology": layout.topology(ranks, hosts),
+            "model": {},
+            "schedule": "interleaved" if layout.vpp > 1 else ("1f1b" if layout.pp > 1 else "none"),
+            "peak_flops": {"per_device": None, "source": f"unknown (imported from {self.fmt})"},
+            "clock_offsets_ns": {str(r): 0 for r in ranks},
+            "versions": {"megascope": _version()},
+            **(extra or {}),
+        })
+        return self.out
+
+
+def _version() -> str:
+    from megascope import __version__
+
+    return __version__

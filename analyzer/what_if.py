@@ -108,7 +108,9 @@ def replay_ranks(store: Store, f: Finding) -> list[int] | None:
     return topo.loc[sel, "rank"].astype(int).tolist()
 
 
-def what_if(store: Store, f: Finding, max_steps: int = 3) -> dict:
+def what_if(store: Store, f: Finding, max_steps: int | None = None) -> dict:
+    if max_steps is None:  # each sampled step reads that step from every replayed rank's segments
+        max_steps = 3 if len(store.topology) <= 4096 else 1
     if f.kind == "hang":
         return {"applicable": False, "reason": "a hung job makes no progress; fix the suspects"}
     first, last = f.steps

@@ -1,7 +1,10 @@
 """Driver side of `megascope train`: start dp*tp*pp ranks through torch.distributed's elastic launcher.
 
 The elastic agent (the machinery behind torchrun) does rendezvous, process start, monitoring and
-teardown; Ctrl-C reaches it as SIGINT and it stops every rank.
+teardown; Ctrl-C reaches it as SIGINT and it stops every rank. With restarts allowed
+(--max-restarts or robust.max_restarts) the agent restarts the whole worker group after a failure and
+the workers resume from the latest complete checkpoint. Next to the agent, a supervisor thread
+(trainer/supervisor.py) watches the ranks' heartbeats for silent ranks and stalls and stops the group.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import time
 import uuid
 from pathlib import Path
 
+from megascope.trainer.checkpoint import CheckpointLayoutError, check_resumable, latest_complete
 from megascope.trainer.config import JobConfig
+from megascope.trainer.supervisor import Supervisor, append_incident
 
 
 def default_run_dir() -> str:
@@ -28,6 +33,7 @@ def _free_port() -> int:
 
 
 def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -49,27 +55,69 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
         return 2
     cfg.run_dir = cfg.run_dir or default_run_dir()
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    problem = check_robust(cfg)
+    if problem:
+        print(f"megascope train: {problem}", file=sys.stderr)
+        return 2
+    max_restarts = args.max_restarts if args.max_restarts else cfg.robust.max_restarts
     endpoint = args.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
     launch_cfg = LaunchConfig(
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc,
         run_id=args.rdzv_id or f"megascope-{Path(cfg.run_dir).name}-{uuid.uuid4().hex[:6]}",
         rdzv_backend=args.rdzv_backend, rdzv_endpoint=endpoint,
         rdzv_configs={"rank": args.node_rank} if args.rdzv_backend == "static" else {},
-        max_restarts=args.max_restarts, monitor_interval=0.2, start_method="spawn",
+        max_restarts=max_restarts, monitor_interval=0.2, start_method="spawn",
     )
     # Each rank gets an even share of this node's cores (2 cores, 8 ranks -> 1 thread each).
     threads = max(1, (os.cpu_count() or 1) // nproc)
     print(f"[megascope] launching {cfg.world_size} ranks (dp={cfg.parallel.dp} tp={cfg.parallel.tp} "
-          f"pp={cfg.parallel.pp} vpp={cfg.parallel.vpp}) -> {cfg.run_dir}", flush=True)
+          f"pp={cfg.parallel.pp} vpp={cfg.parallel.vpp}) -> {cfg.run_dir}"
+          + (f", up to {max_restarts} automatic restart(s)" if max_restarts else ""), flush=True)
+    supervisor = Supervisor(cfg.run_dir, cfg.robust, cfg.world_size, max_restarts).start()
     try:
         elastic_launch(launch_cfg, worker_main)(cfg.to_dict(), threads)
     except ChildFailedError as exc:
-        first = next(iter(exc.failures.values()))
-        print(f"megascope train: rank {first.global_rank} failed (exit code {first.exitcode}); "
-              f"trace so far is in {cfg.run_dir}", file=sys.stderr)
+        failed_rank, first = next(iter(exc.failures.items()))
+        append_incident(cfg.run_dir, {"kind": "job_failed", "ranks": [failed_rank],
+                                      "detail": f"rank {failed_rank} failed (exit code {first.exitcode}) "
+                                                f"with {max_restarts} restart(s) allowed"})
+        print(f"megascope train: rank {failed_rank} failed (exit code {first.exitcode}); "
+              f"trace so far is in {cfg.run_dir}; incidents: {cfg.run_dir}/incidents.jsonl", file=sys.stderr)
+        return 1
+    except SignalException as exc:
+        stopped_by_check = any(i["kind"] == "self_check" for i in supervisor.incidents)
+        why = "stopped after a failed self-check" if stopped_by_check else f"stopped by signal {exc.sigval}"
+        print(f"megascope train: {why}; see {cfg.run_dir}/incidents.jsonl and {cfg.run_dir}/self_check/",
+              file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"\nmegascope train: interrupted; all ranks stopped; trace so far is in {cfg.run_dir}",
               file=sys.stderr)
         return 130
+    finally:
+        supervisor.stop()
     return 0
+
+
+def check_robust(cfg: JobConfig) -> str | None:
+    """What [robust] and an existing checkpoint need beyond config.validate; None when fine."""
+    r = cfg.robust
+    if r.checkpoint_every < 0 or r.keep_last < 1 or r.max_restarts < 0:
+        return "robust.checkpoint_every must be >= 0, robust.keep_last >= 1, robust.max_restarts >= 0"
+    if r.heartbeat_interval_s <= 0 or (0 < r.heartbeat_timeout_s <= 2 * r.heartbeat_interval_s):
+        return (f"robust.heartbeat_timeout_s ({r.heartbeat_timeout_s}) must exceed twice "
+                f"robust.heartbeat_interval_s ({r.heartbeat_interval_s}), which must be > 0")
+    if r.self_check not in ("restart", "always", "off"):
+        return f"robust.self_check '{r.self_check}' unknown; use restart, always or off"
+    if 0 < r.stall_timeout_s <= cfg.trace.hang_timeout_s and cfg.trace.enabled:
+        print(f"[megascope] warning: robust.stall_timeout_s ({r.stall_timeout_s}) <= trace.hang_timeout_s "
+              f"({cfg.trace.hang_timeout_s}): a hang is stopped before the in-flight records that name "
+              "the hung rank are written", file=sys.stderr)
+    info = latest_complete(cfg.run_dir)
+    if info is not None:
+        try:
+            check_resumable(info, cfg)
+        except CheckpointLayoutError as exc:
+            return str(exc)
+        print(f"[megascope] {cfg.run_dir} has a checkpoint at step {info.step}: resuming from it", flush=True)
+    return None

@@ -57,14 +57,26 @@ class ParallelDims:
         """The members of `rank`'s group of the given kind."""
         return next(g for g in self.group_ranks(name) if rank in g)
 
-    def build_groups(self) -> None:
+    def build_groups(self, method: str = "local") -> None:
         """Create the tp/dp/pp groups (size-1 groups too, so callers never special-case a degree of 1).
-        Every rank must call new_group for every group (a torch rule); new_subgroups_by_enumeration
-        does that in one pass per kind and returns only ours."""
+
+        method="local" (MegaScale 3.5): each rank creates only the three groups it belongs to, with
+        `use_local_synchronization=True`, so a group's set-up synchronizes its members only (names
+        come from the member list, so non-members need not take part) and no step waits on the whole
+        world. method="enumeration" is the classic way: every rank calls new_group for every group of
+        every kind (a torch rule without local synchronization), O(groups) calls on every rank."""
         self.groups["world"] = dist.group.WORLD
+        if method == "enumeration":
+            for name in ("tp", "dp", "pp"):
+                mine, _ = dist.new_subgroups_by_enumeration(self.group_ranks(name))
+                self.groups[name] = mine
+            return
+        if method != "local":
+            raise ValueError(f"group creation method '{method}' unknown; use local or enumeration")
+        rank = dist.get_rank()
         for name in ("tp", "dp", "pp"):
-            mine, _ = dist.new_subgroups_by_enumeration(self.group_ranks(name))
-            self.groups[name] = mine
+            self.groups[name] = dist.new_group(self.peers(name, rank), use_local_synchronization=True,
+                                               group_desc=f"megascope_{name}")
 
     def topology(self, hosts: list[str] | None = None, local_ranks: list[int] | None = None) -> dict:
         """The topology block of run.json."""

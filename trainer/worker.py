@@ -7,6 +7,8 @@ import platform
 import socket
 import time
 import uuid
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,8 +16,13 @@ import torch.distributed as dist
 
 from megascope.trainer.config import JobConfig
 from megascope.trainer.faults import Faults, parse_specs
+from megascope.trainer.heartbeat import Heartbeat
 from megascope.trainer.parallel_dims import ParallelDims
 from megascope.trainer.peak_flops import detect_peak
+from megascope.tracer.run_dir import update_manifest
+
+ONE_SHOT = ("crash", "hang")
+"""Fault kinds that fire only in the first attempt (TORCHELASTIC_RESTART_COUNT == 0)."""
 
 
 def pick_device(choice: str, local_rank: int) -> torch.device:
@@ -31,27 +38,97 @@ def worker_main(cfg_dict: dict[str, Any], threads: int) -> None:
     cfg = JobConfig.from_dict(cfg_dict)
     torch.set_num_threads(threads)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0))
-    device = pick_device(cfg.train.device, local_rank)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            device_id=device if device.type == "cuda" else None)
-    dims = ParallelDims(cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp)
-    t0 = time.perf_counter()
-    dims.build_groups()
-    group_init_s = time.perf_counter() - t0
-    faults = Faults(parse_specs(cfg.inject, dims.world_size), rank)
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    # first thing: the driver's supervisor learns this rank's pid and host before anything can hang
+    heartbeat = Heartbeat(cfg.run_dir, rank, cfg.robust.heartbeat_interval_s, restart, local_rank)
+    status = "failed"
+    try:
+        device = pick_device(cfg.train.device, local_rank)
+        init_process_group(device, rank, restart)
+        dims = ParallelDims(cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp)
+        t0 = time.perf_counter()
+        dims.build_groups()
+        group_init_s = time.perf_counter() - t0
+        _run(cfg, dims, device, rank, local_rank, threads, restart, group_init_s, heartbeat)
+        status = "done"
+    finally:
+        heartbeat.close(status)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def init_process_group(device: torch.device, rank: int, restart: int) -> None:
+    """The default group on the elastic agent's store, under a prefix of its own per attempt: the
+    agent's TCPStore outlives a restart, and without the prefix the restarted ranks would read the
+    dead attempt's addresses (gloo: 'connectFullMesh ... Connection refused')."""
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    device_id = device if device.type == "cuda" else None
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        dist.init_process_group(backend, device_id=device_id)
+        return
+    world = int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timedelta(minutes=10))
+    dist.init_process_group(backend, store=dist.PrefixStore(f"megascope/attempt_{restart}", store),
+                            rank=rank, world_size=world, device_id=device_id)
+
+
+def _run(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank: int, local_rank: int, threads: int,
+         restart: int, group_init_s: float, heartbeat: Heartbeat) -> None:
+    # One-shot faults (crash, hang) fire in the first attempt only: the restarted group resumes
+    # before their step and must not die there again (docs/robust-training.md).
+    specs = [s for s in parse_specs(cfg.inject, dims.world_size) if restart == 0 or s.kind not in ONE_SHOT]
+    faults = Faults(specs, rank)
     tracer = _start_tracer(cfg, rank, device)
     try:
-        _write_manifest(cfg, dims, device, rank, local_rank, threads, group_init_s)
+        hosts = _gather_hosts(dims)
+        if rank == 0:
+            if restart == 0 or not (Path(cfg.run_dir) / "run.json").is_file():
+                _write_manifest(cfg, dims, device, hosts, threads, group_init_s)
+            else:
+                update_manifest(cfg.run_dir, restarts=restart, group_init_s_last=group_init_s)
+        if cfg.robust.self_check == "always" or (cfg.robust.self_check == "restart" and restart > 0):
+            heartbeat.update(status="self_check", beat_now=True)
+            _self_check(cfg, dims, device, rank, hosts, restart)
         from megascope.trainer.train_loop import train
 
-        train(cfg, dims, device, faults)
+        train(cfg, dims, device, faults, heartbeat=heartbeat, restart=restart)
     finally:
         if tracer is not None:
             from megascope import tracer as tracing
 
             tracing.deactivate()
             tracer.close()
-        dist.destroy_process_group()
+
+
+def _self_check(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank: int,
+                hosts: list[tuple[str, int]], attempt: int) -> None:
+    from megascope.trainer.config import validate, ConfigError
+    from megascope.trainer.self_check import SelfCheckError, decide, run_self_check
+
+    names = [h for h, _ in hosts]
+    nodes = sorted(set(names))
+    per_node = dims.world_size // len(nodes)
+
+    def valid_dp(dp: int) -> bool:
+        trial = JobConfig.from_dict(cfg.to_dict())
+        trial.parallel.dp = dp
+        try:
+            validate(trial)
+            return True
+        except ConfigError:
+            return False
+
+    record = run_self_check(cfg.run_dir, rank, dims.world_size, device, names, attempt,
+                            cfg.robust.self_check_threshold,
+                            lambda bad: decide(bad, nodes, per_node, dims.tp, dims.pp, valid_dp))
+    decision = record["decision"]
+    if rank == 0:
+        print(f"[megascope] self-check (attempt {attempt}): flagged ranks {record['flagged_ranks']}, "
+              f"decision {decision['action']}: {decision['reason']}"
+              + ("" if record["enforced"] else " (recorded only: CPU ranks share cores)"), flush=True)
+    if record["enforced"] and decision["action"] != "continue":
+        raise SelfCheckError(f"self-check: {decision['reason']} (see {cfg.run_dir}/self_check/)")
 
 
 def _start_tracer(cfg: JobConfig, rank: int, device: torch.device):
@@ -64,16 +141,19 @@ def _start_tracer(cfg: JobConfig, rank: int, device: torch.device):
     return t
 
 
-def _write_manifest(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank: int,
-                    local_rank: int, threads: int, group_init_s: float) -> None:
-    """Rank 0 writes run.json; every rank contributes its host name and local rank."""
+def _gather_hosts(dims: ParallelDims) -> list[tuple[str, int]]:
+    """Every rank's (host name, local rank), in rank order. Collective."""
+    info: list[Any] = [None] * dims.world_size
+    dist.all_gather_object(info, (socket.gethostname(), int(os.environ.get("LOCAL_RANK", 0))))
+    return [tuple(x) for x in info]
+
+
+def _write_manifest(cfg: JobConfig, dims: ParallelDims, device: torch.device, info: list[tuple[str, int]],
+                    threads: int, group_init_s: float) -> None:
+    """Rank 0 writes run.json (every rank's host name and local rank gathered before)."""
     from megascope.trainer.config import micro_batches
     from megascope.tracer.run_dir import write_manifest
 
-    info = [None] * dims.world_size
-    dist.all_gather_object(info, (socket.gethostname(), local_rank))
-    if rank != 0:
-        return
     m = cfg.model
     peak = detect_peak(device, threads)
     write_manifest(cfg.run_dir, {

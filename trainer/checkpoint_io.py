@@ -1,0 +1,128 @@
+"""The mechanics under trainer/checkpoint.py: host snapshots of a state tree, atomic shard files, and
+broadcasting a state tree from one rank to its group.
+
+A state tree is nested dicts/lists of tensors and plain values (ints, floats, bools, strings).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megascope.tracer import comm
+
+
+def host_snapshot(tree: Any, buffers: dict[str, torch.Tensor]) -> tuple[Any, Any]:
+    """Copy every tensor of `tree` into reusable host buffers (keyed by position in the tree; pinned
+    when the tensor is on a GPU). Returns the copied tree and a CUDA event the copies complete at
+    (None on CPU). The copies are enqueued on the current stream: later kernels that overwrite the
+    device tensors are ordered after them, so the training thread never waits for the device."""
+    event = None
+    on_gpu = False
+
+    def copy(node: Any, path: str) -> Any:
+        nonlocal on_gpu
+        if isinstance(node, torch.Tensor):
+            buf = buffers.get(path)
+            if buf is None or buf.shape != node.shape or buf.dtype != node.dtype:
+                pin = node.is_cuda
+                buf = torch.empty(node.shape, dtype=node.dtype, device="cpu", pin_memory=pin)
+                buffers[path] = buf
+            on_gpu = on_gpu or node.is_cuda
+            buf.copy_(node.detach(), non_blocking=node.is_cuda)
+            return buf
+        if isinstance(node, dict):
+            return {k: copy(v, f"{path}/{k}") for k, v in node.items()}
+        if isinstance(node, (list, tuple)):
+            return type(node)(copy(v, f"{path}/{i}") for i, v in enumerate(node))
+        return node
+
+    out = copy(tree, "")
+    if on_gpu:
+        event = torch.cuda.Event()
+        event.record()
+    return out, event
+
+
+def save_file(tree: Any, path: Path) -> int:
+    """torch.save under a temporary name, fsync, rename: a reader never sees half a shard, and a
+    crash mid-write leaves only the hidden temp file. Returns the file size."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(tree, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path.stat().st_size
+
+
+class _TensorRef:
+    """Placeholder for the i-th tensor of a flattened tree (shape and dtype for the receivers)."""
+
+    def __init__(self, index: int, shape: tuple[int, ...], dtype: torch.dtype) -> None:
+        self.index, self.shape, self.dtype = index, shape, dtype
+
+
+def _flatten(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(tree, torch.Tensor):
+        tensors.append(tree)
+        return _TensorRef(len(tensors) - 1, tuple(tree.shape), tree.dtype)
+    if isinstance(tree, dict):
+        return {k: _flatten(v, tensors) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_flatten(v, tensors) for v in tree)
+    return tree
+
+
+def _unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
+    if isinstance(skeleton, _TensorRef):
+        return tensors[skeleton.index]
+    if isinstance(skeleton, dict):
+        return {k: _unflatten(v, tensors) for k, v in skeleton.items()}
+    if isinstance(skeleton, (list, tuple)):
+        return type(skeleton)(_unflatten(v, tensors) for v in skeleton)
+    return skeleton
+
+
+def broadcast_tree(tree: Any | None, src: int, group: object, device: torch.device,
+                   group_name: str = "dp") -> Any:
+    """Send `tree` (given on global rank `src`, None elsewhere) to every member of `group`: the
+    structure as pickled bytes, then each tensor on `device` (NCCL needs GPU tensors). The result's
+    tensors live on the CPU. The structure comes from a peer of the same job, not from outside."""
+    is_src = torch.distributed.get_rank() == src
+    tensors: list[torch.Tensor] = []
+    header = pickle.dumps(_flatten(tree, tensors)) if is_src else b""
+    length = torch.tensor([len(header)], dtype=torch.int64, device=device)
+    comm.broadcast(length, src, group, group_name, name="checkpoint_header_size")
+    n = int(length.item())  # note: this is a CPU-GPU sync point (restore only)
+    raw = (torch.frombuffer(bytearray(header), dtype=torch.uint8).to(device) if is_src
+           else torch.empty(n, dtype=torch.uint8, device=device))
+    comm.broadcast(raw, src, group, group_name, name="checkpoint_header")
+    skeleton = pickle.loads(raw.cpu().numpy().tobytes()) if not is_src else None
+    refs: list[_TensorRef] = []
+    _collect_refs(skeleton if skeleton is not None else _flatten(tree, []), refs)
+    received = []
+    for ref in sorted(refs, key=lambda r: r.index):
+        t = tensors[ref.index].to(device) if is_src else torch.empty(ref.shape, dtype=ref.dtype, device=device)
+        comm.broadcast(t, src, group, group_name, name="checkpoint_broadcast")
+        received.append(t.cpu())
+    return tree if is_src else _unflatten(skeleton, received)
+
+
+def _collect_refs(skeleton: Any, out: list[_TensorRef]) -> None:
+    if isinstance(skeleton, _TensorRef):
+        out.append(skeleton)
+    elif isinstance(skeleton, dict):
+        for v in skeleton.values():
+            _collect_refs(v, out)
+    elif isinstance(skeleton, (list, tuple)):
+        for v in skeleton:
+            _collect_refs(v, out)

@@ -1,0 +1,113 @@
+"""Per-rank heartbeats (MegaScale 4.2): host, pid, rank, step, status and the last traced event,
+written atomically every `interval_s` to RUN/heartbeats/rank=NNNNN.json by a daemon thread.
+
+A file per rank on the run directory (shared by every node of a job) needs no extra service and
+survives the driver; the driver-side supervisor (trainer/supervisor.py) reads them. Each beat carries
+a sequence number, so the reader judges silence by its own clock (no cross-host clock skew). The
+thread keeps beating while the training thread is blocked in a collective or hung in Python (the
+stall detector catches those); it stops when the process is frozen, killed or its host is gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from megascope.tracer.run_dir import write_json_atomic
+
+STATUSES = ("starting", "self_check", "restoring", "training", "checkpointing", "done", "failed")
+
+
+def heartbeat_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "heartbeats"
+
+
+def heartbeat_path(run_dir: str | Path, rank: int) -> Path:
+    return heartbeat_dir(run_dir) / f"rank={rank:05d}.json"
+
+
+def read_heartbeats(run_dir: str | Path) -> dict[int, dict[str, Any]]:
+    """The latest heartbeat of every rank that wrote one (unreadable files are skipped)."""
+    out: dict[int, dict[str, Any]] = {}
+    folder = heartbeat_dir(run_dir)
+    if not folder.is_dir():
+        return out
+    for f in folder.glob("rank=*.json"):
+        try:
+            beat = json.loads(f.read_text())
+            out[int(beat["rank"])] = beat
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # replaced between listing and reading, or foreign: the next poll sees it
+    return out
+
+
+def last_traced_event() -> dict[str, Any] | None:
+    """What the tracer saw last: the oldest op still in flight, else the last completed one."""
+    from megascope import tracer as tracing
+
+    active = tracing.active()
+    if active is None:
+        return None
+    inflight = active.registry.snapshot()
+    if inflight:
+        return {"state": "in_flight", **inflight[0].describe()}
+    last = active.registry.last_completed
+    return {"state": "completed", **last.describe()} if last is not None else None
+
+
+class Heartbeat:
+    """Start it as early as possible in the worker; update step/status from the training thread."""
+
+    def __init__(self, run_dir: str | Path, rank: int, interval_s: float, restart: int = 0,
+                 local_rank: int = 0) -> None:
+        if interval_s <= 0:
+            raise ValueError(f"heartbeat interval must be > 0 s, got {interval_s}")
+        self.path = heartbeat_path(run_dir, rank)
+        self.interval_s = interval_s
+        self.fields: dict[str, Any] = {
+            "rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+            "restart": restart, "step": -1, "status": "starting", "seq": 0}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.beat()
+        self._thread = threading.Thread(target=self._run, name="megascope-heartbeat", daemon=True)
+        self._thread.start()
+
+    def update(self, step: int | None = None, status: str | None = None, beat_now: bool = False) -> None:
+        if status is not None and status not in STATUSES:
+            raise ValueError(f"heartbeat status '{status}' unknown; use one of {STATUSES}")
+        with self._lock:
+            if step is not None:
+                self.fields["step"] = step
+            if status is not None:
+                self.fields["status"] = status
+        if beat_now:
+            self.beat()
+
+    def beat(self) -> None:
+        with self._lock:
+            self.fields["seq"] += 1
+            record = dict(self.fields, time=time.time())
+        try:
+            record["last_event"] = last_traced_event()
+        except Exception:  # the tracer is optional and must not stop the heartbeat
+            record["last_event"] = None
+        try:
+            write_json_atomic(self.path, record)
+        except OSError as exc:  # a full or flaky disk: report, keep beating
+            print(f"[megascope] rank {record['rank']}: heartbeat write failed: {exc}", flush=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.beat()
+
+    def close(self, status: str) -> None:
+        """Final beat with the end status (done or failed); the thread stops."""
+        self._stop.set()
+        self._thread.join(self.interval_s + 5)
+        self.update(status=status, beat_now=True)

@@ -1,0 +1,256 @@
+"""Driver-side monitor of `megascope train` (MegaScale 4.1-4.2), a thread next to elastic_launch.
+
+It reads the ranks' heartbeats (trainer/heartbeat.py) and detects
+  dead_rank    a local worker of the current attempt exited without reporting `done` (the elastic
+               agent sees the exit too and restarts the group or ends the job; we record why);
+  silent_rank  a rank's heartbeat has not changed for heartbeat_timeout_s (frozen process, lost host);
+  stall        no rank changed its step or status for stall_timeout_s (a hang).
+For silent ranks and stalls it stops the worker group by killing this node's workers of the attempt:
+the elastic agent then restarts the group from the latest checkpoint, or ends the job when no
+restarts are left. Every incident is a line in RUN/incidents.jsonl; RUN/health.json holds the
+driver's latest view of every rank. Silence and stalls are timed by this process's monotonic clock.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from megascope.trainer.config import RobustConfig
+from megascope.trainer.heartbeat import read_heartbeats
+from megascope.tracer.run_dir import write_json_atomic
+
+INCIDENTS = "incidents.jsonl"
+
+
+def append_incident(run_dir: str | Path, record: dict[str, Any]) -> None:
+    """One JSON line per incident. O_APPEND writes of one short line do not interleave."""
+    line = json.dumps({"time": time.time(), **record}, default=str) + "\n"
+    fd = os.open(Path(run_dir) / INCIDENTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def process_alive(pid: int) -> bool:
+    """False for a gone process and for a zombie (exited, not yet reaped by the agent)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    try:  # no /proc (not Linux): signal 0 only tells whether the pid exists
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+@dataclass
+class _Seen:
+    seq: int
+    changed_at: float
+
+
+class Supervisor:
+    def __init__(self, run_dir: str | Path, robust: RobustConfig, world: int, max_restarts: int,
+                 poll_s: float = 0.02, read_every_s: float = 0.2, host: str | None = None,
+                 kill: Callable[[int], None] | None = None, alive: Callable[[int], bool] = process_alive,
+                 on_stop_job: Callable[[], None] | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.robust = robust
+        self.world = world
+        self.max_restarts = max_restarts
+        self.poll_s = poll_s
+        """Process liveness is checked this often (cheap), so the rank that died first is seen alone
+        before the agent stops the others (it looks every 0.2 s)."""
+        self.read_every_s = read_every_s
+        self._current: dict[int, dict] | None = None
+        self._read_at = 0.0
+        self.host = host or socket.gethostname()
+        self.kill = kill or (lambda pid: os.kill(pid, signal.SIGKILL))
+        self.alive = alive
+        # SIGTERM to the driver: the elastic agent stops every worker and raises, no restart
+        self.on_stop_job = on_stop_job or (lambda: os.kill(os.getpid(), signal.SIGTERM))
+        self.incidents: list[dict[str, Any]] = []
+        self._attempt = -1
+        self._handled = False
+        self._seen: dict[int, _Seen] = {}
+        self._progress_key: tuple = ()
+        self._progress_at = time.monotonic()
+        self._health_at = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Supervisor":
+        self._thread = threading.Thread(target=self._run, name="megascope-supervisor", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll()
+            except Exception as exc:  # the monitor must never take the driver down
+                print(f"[megascope] supervisor: poll failed: {exc!r}", flush=True)
+
+    # ------------------------------------------------------------------ one poll
+
+    def poll(self, now: float | None = None) -> dict[str, Any] | None:
+        """Check once; returns the incident recorded by this poll, if any."""
+        now = time.monotonic() if now is None else now
+        if self._current is None or now - self._read_at >= self.read_every_s:
+            self._read_at = now
+            beats = read_heartbeats(self.run_dir)
+            if not beats:
+                return None
+            attempt = max(int(b.get("restart", 0)) for b in beats.values())
+            self._current = {r: b for r, b in beats.items() if int(b.get("restart", 0)) == attempt}
+            if attempt != self._attempt:
+                self._new_attempt(attempt, now)
+            self._track(self._current, now)
+            self._write_health(self._current, now)
+        current = self._current
+        if self._handled or all(b.get("status") == "done" for b in current.values()):
+            return None
+        verdict = self._self_check_verdict()
+        if verdict is not None:
+            self._handled = True
+            self._record(verdict)
+            self.on_stop_job()
+            return verdict
+        incident = self._detect(current, now)
+        if incident is not None:
+            self._handled = True
+            self._record(incident)
+            if incident["kind"] != "dead_rank":  # the agent already handles exits itself
+                self._stop_group(current)
+        return incident
+
+    def _new_attempt(self, attempt: int, now: float) -> None:
+        if self._attempt >= 0:
+            self._record({"kind": "restart", "attempt": attempt,
+                          "detail": f"the elastic agent started attempt {attempt} of the worker group"})
+        self._attempt, self._handled = attempt, False
+        self._seen.clear()
+        self._progress_key, self._progress_at = (), now
+
+    def _track(self, current: dict[int, dict], now: float) -> None:
+        for rank, beat in current.items():
+            seen = self._seen.get(rank)
+            if seen is None or seen.seq != beat.get("seq"):
+                self._seen[rank] = _Seen(int(beat.get("seq", 0)), now)
+        key = tuple(sorted((r, b.get("step"), b.get("status")) for r, b in current.items()))
+        if key != self._progress_key:
+            self._progress_key, self._progress_at = key, now
+
+    def _detect(self, current: dict[int, dict], now: float) -> dict[str, Any] | None:
+        local = {r: b for r, b in current.items() if b.get("host") == self.host}
+        dead = sorted(r for r, b in local.items()
+                      if b.get("status") != "done" and not self.alive(int(b["pid"])))
+        if dead:
+            return self._incident("dead_rank", dead, current,
+                                  f"rank(s) {dead} exited without finishing (status "
+                                  f"{[current[r].get('status') for r in dead]})")
+        timeout = self.robust.heartbeat_timeout_s
+        silent = sorted(r for r, s in self._seen.items()
+                        if timeout > 0 and now - s.changed_at > timeout and current[r].get("status") != "done")
+        if silent:
+            return self._incident("silent_rank", silent, current,
+                                  f"no heartbeat from rank(s) {silent} for more than {timeout:g} s")
+        stall = self.robust.stall_timeout_s
+        if stall > 0 and now - self._progress_at > stall:
+            suspects = stall_suspects(current)
+            return self._incident("stall", suspects, current,
+                                  f"no step progress on any rank for more than {stall:g} s; "
+                                  f"ranks with nothing in flight while others wait: {suspects}")
+        return None
+
+    def _self_check_verdict(self) -> dict[str, Any] | None:
+        """An enforced self-check decision to stop (or to drop this host) ends the job on this node:
+        restarting on the same bad hardware would only fail again."""
+        path = self.run_dir / "self_check" / f"attempt-{self._attempt:02d}.json"
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        decision = record.get("decision", {})
+        if not record.get("enforced") or decision.get("action") == "continue":
+            return None
+        if decision.get("action") == "exclude" and self.host not in decision.get("exclude", []):
+            return None  # another host leaves; this node's agent re-forms the group without it
+        return {"kind": "self_check", "ranks": record.get("flagged_ranks", []), "attempt": self._attempt,
+                "hosts": record.get("flagged_hosts", []), "detail": decision.get("reason", ""),
+                "action": "stopping this node's agent (no restart on bad hardware)"}
+
+    def _incident(self, kind: str, ranks: list[int], current: dict[int, dict], detail: str) -> dict[str, Any]:
+        left = self.max_restarts - self._attempt
+        action = ("the elastic agent restarts the worker group from the latest checkpoint"
+                  if left > 0 else "no restarts left: the job ends")
+        if kind != "dead_rank":
+            action = "stopping the worker group; " + action
+        return {"kind": kind, "ranks": ranks, "attempt": self._attempt, "detail": detail, "action": action,
+                "hosts": sorted({current[r].get("host", "?") for r in ranks if r in current}),
+                "steps": {str(r): b.get("step") for r, b in sorted(current.items())},
+                "last_events": {str(r): current[r].get("last_event") for r in ranks if r in current}}
+
+    def _record(self, incident: dict[str, Any]) -> None:
+        self.incidents.append(incident)
+        append_incident(self.run_dir, incident)
+        print(f"[megascope] {incident['kind']}: {incident['detail']}"
+              + (f" -> {incident['action']}" if "action" in incident else ""), flush=True)
+
+    def _stop_group(self, current: dict[int, dict]) -> None:
+        """Kill this node's workers of the attempt; the agent sees the failure and acts on it."""
+        for beat in current.values():
+            if beat.get("host") == self.host and self.alive(int(beat["pid"])):
+                try:
+                    self.kill(int(beat["pid"]))
+                except ProcessLookupError:
+                    pass
+
+    def _write_health(self, current: dict[int, dict], now: float) -> None:
+        if now - self._health_at < 1.0:
+            return
+        self._health_at = now
+        write_json_atomic(self.run_dir / "health.json", {
+            "attempt": self._attempt, "written_at": time.time(),
+            "since_progress_s": round(now - self._progress_at, 3),
+            "ranks": {str(r): {"host": b.get("host"), "pid": b.get("pid"), "step": b.get("step"),
+                               "status": b.get("status"),
+                               "heartbeat_age_s": round(now - self._seen[r].changed_at, 3) if r in self._seen else None,
+                               "last_event": b.get("last_event")}
+                      for r, b in sorted(current.items())}})
+
+
+def stall_suspects(beats: dict[int, dict]) -> list[int]:
+    """In a stall, the ranks that wait on nothing while others wait in a collective or p2p op: they
+    stopped issuing work (MegaScale's in-flight reasoning, here from the heartbeats' last events)."""
+    inflight = {r: (b.get("last_event") or {}) for r, b in beats.items()}
+    inflight = {r: e for r, e in inflight.items() if e.get("state") == "in_flight"}
+    # an async op left over from an earlier step (a prefetch never waited on) is not waiting on peers
+    newest = max((int(e.get("step", -1)) for e in inflight.values()), default=-1)
+    waiting = {r for r, e in inflight.items() if int(e.get("step", -1)) == newest}
+    if not waiting:
+        return sorted(beats)
+    idle = sorted(r for r in beats if r not in waiting and beats[r].get("status") != "done")
+    return idle or sorted(waiting)

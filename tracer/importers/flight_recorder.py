@@ -1,0 +1,219 @@
+"""Import PyTorch flight-recorder dumps (one per rank), for hang analysis.
+
+A dump is what `torch._C._distributed_c10d._dump_fr_trace()` returns (written on a collective timeout
+with TORCH_NCCL_DUMP_ON_TIMEOUT=1, or by hand; TORCH_FR_BUFFER_SIZE / TORCH_NCCL_TRACE_BUFFER_SIZE
+must be > 0 for anything to be recorded): a pickled dict with `version`, `pg_config` {pg name: {name,
+desc, ranks}}, `pg_status` {pg name: {last_enqueued_collective, last_started_collective,
+last_completed_collective}} and `entries` (one per collective/p2p op: pg_id, process_group (name,
+desc), collective_seq_id, p2p_seq_id, profiling_name such as 'nccl:all_reduce' or 'gloo:all_reduce',
+time_created_ns, time_discovered_started/completed_ns, input/output sizes and dtypes, state, retired,
+is_p2p). The JSON variant (`_dump_fr_trace_json`) is read too. The rank comes from a `rank` key or
+the digits that end the file name (torch's own `fr_trace` tool uses the same rule).
+
+Completed ops become events; each rank's ops still in flight become an in-flight record
+(RUN/inflight/rank=NNNNN.json, the tracer watchdog's format), so the analyzer's hang analysis names
+the rank(s) everyone waits on: a rank that never joined has no op in flight, hence no record. Dumps
+carry no training step: events and records are put at step 0 (NO_STEP; the analyzer's event ids need
+a step >= 0).
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import math
+import pickle
+import re
+from pathlib import Path
+from typing import Any
+
+from megascope.tracer.importers.layout import Layout, layout_from_sizes
+from megascope.tracer.importers.writer import ImportInputError, RunWriter
+
+DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
+               "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2, "byte": 1, "char": 1,
+               "bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
+NO_STEP = 0
+_TRAILING_DIGITS = re.compile(r"(\d+)(?:\.\w+)?$")
+
+
+class _PrimitivesOnly(pickle.Unpickler):
+    """Flight-recorder dumps hold only dicts, lists, tuples, strings and numbers: refuse anything else,
+    so importing a pickle from elsewhere cannot run code."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name}")
+
+
+def read_dump(path: Path) -> dict[str, Any]:
+    data = path.read_bytes()
+    try:
+        if data[:1] in (b"{", b"["):
+            dump = json.loads(data)
+        else:
+            dump = _PrimitivesOnly(io.BytesIO(data)).load()
+    except Exception as exc:  # any unpickling/JSON failure means: not a dump we can read
+        raise ImportInputError(f"{path} is not a flight-recorder dump ({type(exc).__name__}: {str(exc)[:100]}); "
+                               "expected the pickle written by torch's flight recorder "
+                               "(_dump_fr_trace / TORCH_NCCL_DUMP_ON_TIMEOUT)") from None
+    if not isinstance(dump, dict) or "entries" not in dump:
+        keys = ", ".join(map(str, list(dump)[:6])) if isinstance(dump, dict) else type(dump).__name__
+        raise ImportInputError(f"{path} is not a flight-recorder dump: expected a dict with 'entries', "
+                               f"'pg_config' and 'pg_status', found {keys}")
+    return dump
+
+
+def rank_of(path: Path, dump: dict[str, Any]) -> int:
+    if isinstance(dump.get("rank"), int):
+        return dump["rank"]
+    match = _TRAILING_DIGITS.search(path.name)
+    if match is None:
+        raise ImportInputError(f"{path}: cannot tell the rank (no 'rank' key and no digits ending the file name, "
+                               "as in nccl_trace_rank_3); rename the file so it ends with its rank")
+    return int(match.group(1))
+
+
+def _ranks_of(value: Any) -> list[int]:
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return []
+    return sorted(int(r) for r in value) if isinstance(value, (list, tuple)) else []
+
+
+def _group_members(dumps: dict[int, dict], world: int) -> dict[str, list[int]]:
+    """pg name -> member ranks: pg_config where it lists them (NCCL), else the default pg is the world,
+    else the ranks whose dumps know the pg (gloo leaves pg_config nearly empty)."""
+    members: dict[str, set[int]] = {}
+    descs: dict[str, str] = {}
+    for rank, dump in dumps.items():
+        for name in (dump.get("pg_status") or {}):
+            members.setdefault(str(name), set()).add(rank)
+        for e in dump.get("entries", []):
+            name, desc = _pg(e)
+            members.setdefault(name, set()).add(rank)
+            descs[name] = desc
+    out = {name: sorted(ranks) for name, ranks in members.items()}
+    for dump in dumps.values():
+        for name, cfg in (dump.get("pg_config") or {}).items():
+            listed = _ranks_of((cfg or {}).get("ranks"))
+            if name and listed:
+                out[str(name)] = listed
+    for name, desc in descs.items():
+        if desc == "default_pg" or name == "0":
+            out[name] = list(range(world))
+    return out
+
+
+def _pg(entry: dict) -> tuple[str, str]:
+    pg = entry.get("process_group") or (str(entry.get("pg_id", "")), "")
+    return str(pg[0]), str(pg[1]) if len(pg) > 1 else ""
+
+
+def _world(dumps: dict[int, dict], dp: int | None, tp: int | None, pp: int | None) -> int:
+    if dp and tp and pp:
+        return dp * tp * pp
+    world = max(max(dumps) + 1, (dp or 1) * (tp or 1) * (pp or 1))  # given sizes: a lower bound
+    for dump in dumps.values():
+        for cfg in (dump.get("pg_config") or {}).values():
+            listed = _ranks_of((cfg or {}).get("ranks"))
+            if listed:
+                world = max(world, max(listed) + 1)
+    return world
+
+
+def _op(entry: dict) -> tuple[str, str]:
+    """(name, kind) from profiling_name, e.g. 'nccl:all_reduce' -> ('all_reduce', 'collective')."""
+    name = str(entry.get("profiling_name") or "unknown").split(":", 1)[-1]
+    return name, "p2p" if entry.get("is_p2p") else "collective"
+
+
+def _nbytes(entry: dict) -> int:
+    total = 0
+    for sizes, dtype in zip(entry.get("input_sizes") or [], entry.get("input_dtypes") or []):
+        total += math.prod(int(s) for s in sizes) * DTYPE_BYTES.get(str(dtype).lower(), 4)
+    return total
+
+
+def _in_flight(entry: dict, status: dict) -> bool:
+    if entry.get("state") == "completed" or entry.get("time_discovered_completed_ns"):
+        return False
+    name, _ = _pg(entry)
+    done = (status.get(name) or {}).get("last_completed_collective")
+    if done is not None and not entry.get("is_p2p") and int(entry.get("collective_seq_id", 0)) <= int(done):
+        return False
+    return not entry.get("retired", False)
+
+
+def import_flight_recorder(sources: list[Path], writer: RunWriter, dp: int | None, tp: int | None,
+                           pp: int | None, vpp: int | None) -> tuple[Layout, list[int], list[str], dict]:
+    dumps: dict[int, dict] = {}
+    failed: list[str] = []
+    for path in sources:
+        try:
+            dump = read_dump(path)
+            rank = rank_of(path, dump)
+        except ImportInputError as exc:
+            writer.warn(str(exc))
+            failed.append(str(path))
+            continue
+        if rank in dumps:
+            raise ImportInputError(f"two dumps for rank {rank} ({path}); pass one dump per rank")
+        dumps[rank] = dump
+        writer.add_source(path, kind="flight recorder", rank=rank, version=str(dump.get("version")))
+    if not dumps:
+        return Layout(1, 1, 1), [], failed, {}
+    world = _world(dumps, dp, tp, pp)
+    try:
+        layout = layout_from_sizes(world, dp, tp, pp, vpp)
+    except ValueError as exc:
+        raise ImportInputError(str(exc)) from None
+    groups = _group_members(dumps, world)
+    missing = sorted(set(range(world)) - set(dumps))
+    if missing:
+        writer.warn(f"no dump for rank(s) {', '.join(map(str, missing[:16]))}: a rank that never wrote one is a "
+                    "hang suspect when others wait on it")
+    for rank, dump in sorted(dumps.items()):
+        _convert_rank(rank, dump, layout, groups, writer)
+    ranks = sorted(set(range(world)))  # the topology lists every rank: suspects may have no dump
+    return layout, ranks, failed, {"flight_recorder": {"pg_members": groups, "ranks_with_dump": sorted(dumps)}}
+
+
+def _describe(entry: dict, label: str, peers: list[int]) -> dict[str, Any]:
+    name, kind = _op(entry)
+    seq_key = "p2p_seq_id" if entry.get("is_p2p") else "collective_seq_id"
+    return {"op": name, "kind": kind, "group": label, "seq": int(entry.get(seq_key, 0)) - 1, "peer": -1,
+            "peers": peers, "bytes": _nbytes(entry), "since_ns": int(entry.get("time_created_ns") or 0),
+            "step": NO_STEP, "microbatch": -1, "chunk": -1, "state": entry.get("state"),
+            "frames": [f"{f.get('filename')}:{f.get('line')} {f.get('name')}" for f in (entry.get("frames") or [])[:8]]}
+
+
+def _convert_rank(rank: int, dump: dict, layout: Layout, groups: dict[str, list[int]], writer: RunWriter) -> None:
+    status = dump.get("pg_status") or {}
+    inflight: list[dict] = []
+    last: dict | None = None
+    for entry in sorted(dump.get("entries", []), key=lambda e: e.get("time_created_ns") or 0):
+        name, desc = _pg(entry)
+        peers = groups.get(name, [])
+        label = desc if desc in ("dp", "tp", "pp") else (layout.group_name(peers) or ("world" if desc == "default_pg"
+                                                                                       else f"pg{name}"))
+        rec = _describe(entry, label, peers)
+        if _in_flight(entry, status):
+            inflight.append(rec)
+            continue
+        created = rec["since_ns"]
+        started = int(entry.get("time_discovered_started_ns") or created)
+        ended = int(entry.get("time_discovered_completed_ns") or started)
+        writer.event(rank, NO_STEP, rec["op"], rec["kind"], started, ended, issue_ns=created, group=label,
+                     seq=rec["seq"], nbytes=rec["bytes"])
+        last = rec
+    if inflight:
+        waiting = inflight[0]
+        writer.inflight(rank, {"state": "waiting", "written_ns": max(r["since_ns"] for r in inflight),
+                               "timeout_s": (dump["entries"][0].get("timeout_ms") or 0) / 1e3 if dump["entries"] else None,
+                               "waiting_on": waiting, "inflight": inflight, "last_completed": last,
+                               # flat copy of the waited-on op: the analyzer's hang graph reads these
+                               **{k: waiting[k] for k in ("op", "group", "seq", "peers", "bytes", "since_ns",
+                                                          "step", "microbatch", "chunk")}})

@@ -1,19 +1,16 @@
 """Tracer overhead: the same training job with tracing off and on, interleaved (ABAB...), side by side.
 
-    python benchmarks/tracer_overhead.py [--world 2] [--tp 2] [--rounds 8] [--steps 8] [--layers 4]
+    python benchmarks/tracer_overhead.py [--preset tiny] [--dp 2] [--tp 1] [--pp 2] [--rounds 8] [--steps 10]
 
 Prints step time off/on, the ratio, overhead %, spans per step and cost per span, plus a
 microbenchmark of ns per span (no tracer, active on CPU, active with CUDA events when a GPU exists).
-The job is a function `job(rank, world, args, trace_dir) -> Block results`; today it is a GPT-like MLP
-stack on gloo that issues the ops a 3D-parallel step issues (forward/backward spans per micro-batch,
-per-layer tp all-reduces, bucketed async dp reduce-scatters, an all-gather, data wait, optimizer).
-Swap JOB for the real trainer's step once megascope.trainer exposes one.
+The job is the real trainer's step (parallelized GPT, every collective and p2p op traced through the
+comm layer) on a gloo group, tracing toggled between interleaved blocks inside the same processes.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -22,94 +19,63 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.distributed import run_distributed  # noqa: E402
+
 from megascope import tracer  # noqa: E402
-from megascope.tracer import comm  # noqa: E402
-from megascope.trainer.config import TraceConfig  # noqa: E402
+from megascope.trainer.config import JobConfig, TraceConfig, apply_overrides, micro_batches, validate  # noqa: E402
+from megascope.trainer.faults import Faults  # noqa: E402
+from megascope.trainer.parallel_dims import ParallelDims  # noqa: E402
+from megascope.trainer.parallelize import parallelize  # noqa: E402
+from megascope.trainer.presets import preset  # noqa: E402
+from megascope.trainer.step import train_step  # noqa: E402
 
 
-class MlpStack(torch.nn.Module):
-    def __init__(self, layers: int, hidden: int) -> None:
-        super().__init__()
-        self.up = torch.nn.ModuleList(torch.nn.Linear(hidden, 4 * hidden) for _ in range(layers))
-        self.down = torch.nn.ModuleList(torch.nn.Linear(4 * hidden, hidden) for _ in range(layers))
-
-    def forward(self, x: torch.Tensor, tp_group: object) -> torch.Tensor:
-        for up, down in zip(self.up, self.down):
-            y = down(F.gelu(up(x)))
-            with torch.no_grad():  # the row-parallel all-reduce of a tensor-parallel layer
-                comm.all_reduce(y, tp_group, "tp")
-            x = x + y
-        return x
-
-
-def _groups(rank: int, world: int, tp: int) -> tuple[object, object]:
-    tp_groups = [dist.new_group(list(range(s, s + tp))) for s in range(0, world, tp)]
-    dp_groups = [dist.new_group(list(range(t, world, tp))) for t in range(tp)]
-    return tp_groups[rank // tp], dp_groups[rank % tp]
-
-
-def _train_step(model: MlpStack, opt: torch.optim.Optimizer, args: argparse.Namespace,
-                tp_group: object, dp_group: object, dp: int) -> None:
-    with tracer.span("data_wait", kind="host"):
-        batches = [torch.randn(args.batch, args.hidden) for _ in range(args.microbatches)]
-    for mb, x in enumerate(batches):
-        tracer.set_microbatch(mb)
-        with tracer.span("forward"):
-            loss = model(x, tp_group).pow(2).mean()
-        with tracer.span("backward"):
-            loss.backward()
-    grads = [p.grad.reshape(-1) for p in model.parameters()]
-    flat = torch.cat(grads)
-    flat = torch.nn.functional.pad(flat, (0, (-flat.numel()) % (dp * args.buckets)))
-    shard = torch.empty(flat.numel() // dp)
-    works, bucket = [], flat.numel() // args.buckets
-    for b in range(args.buckets):  # ZeRO-2 style: bucketed async reduce-scatter
-        part = flat[b * bucket:(b + 1) * bucket]
-        works.append(comm.reduce_scatter_tensor(shard[b * bucket // dp:(b + 1) * bucket // dp], part,
-                                                dp_group, "dp", async_op=True))
-    for w in works:
-        if w is not None:
-            w.wait()
-    with tracer.span("optimizer", kind="host"):
-        opt.step()
-        opt.zero_grad(set_to_none=False)
-    comm.all_gather_into_tensor(flat, shard, dp_group, "dp")
-    comm.all_reduce(torch.zeros(1), dp_group, "dp", name="grad_norm")
+def make_config(args: argparse.Namespace) -> JobConfig:
+    cfg = JobConfig()
+    apply_overrides(cfg, preset(args.preset), source="preset")
+    cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp = args.dp, args.tp, args.pp
+    cfg.trace.nvml = False
+    validate(cfg, world_size=args.dp * args.tp * args.pp)
+    return cfg
 
 
 def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict:
-    """Interleaved blocks of `steps` steps, tracing off then on, `rounds` times; rank 0's step times."""
-    torch.manual_seed(rank % args.tp)
-    tp_group, dp_group = _groups(rank, world, args.tp)
-    model = MlpStack(args.layers, args.hidden)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    cfg = TraceConfig(nvml=False)
+    """The real trainer's step (megascope.trainer.step.train_step on a parallelized GPT), in blocks of
+    `steps` steps with tracing off, then on (order alternating per round), in the same processes so
+    model, data and placement are identical; returns rank 0's step times and the spans recorded."""
+    cfg = make_config(args)
+    dims = ParallelDims(args.dp, args.tp, args.pp)
+    dims.build_groups()
+    state = parallelize(cfg, dims, torch.device("cpu"), Faults([], rank))
+    g = torch.Generator().manual_seed(rank // args.tp)
+    m, b, s = micro_batches(cfg), cfg.train.micro_batch, cfg.model.seq_len
+    batch = torch.randint(0, cfg.model.vocab_size, (m, b, s + 1), generator=g)
     times: dict[str, list[float]] = {"off": [], "on": []}
-    spans = 0
-    step = 0
+    spans, step = 0, 0
     for _ in range(args.warmup):
-        _train_step(model, opt, args, tp_group, dp_group, world // args.tp)
+        train_step(state, batch, cfg.train.lr)
     for rnd in range(args.rounds):
         for mode in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
-            t = tracer.Tracer(trace_dir, rank, cfg, "cpu") if mode == "on" else None
+            t = tracer.Tracer(trace_dir, rank, cfg.trace, "cpu") if mode == "on" else None
             if t is not None:
                 tracer.activate(t)
             for _ in range(args.steps):
                 dist.barrier()
                 tracer.set_step(step)
                 start = time.perf_counter()
-                _train_step(model, opt, args, tp_group, dp_group, world // args.tp)
+                with tracer.span("data_wait", kind="host"):
+                    pass  # batches are prepared up front; keep the span the real loop records
+                result = train_step(state, batch, cfg.train.lr)
+                tracer.record_step(tokens=result.tokens, loss=result.loss, grad_norm=result.grad_norm)
                 times[mode].append(time.perf_counter() - start)
-                tracer.record_step(tokens=args.batch * args.microbatches)
                 step += 1
             if t is not None:
                 tracer.deactivate()
                 t.close()
-                spans += sum(b.num_rows for b in _read_events(trace_dir, rank))
+                spans += sum(tb.num_rows for tb in _read_events(trace_dir, rank))
     return {"times": times, "spans": spans}
 
 
@@ -123,37 +89,9 @@ def _read_events(trace_dir: str, rank: int) -> list:
     return tables
 
 
-def _worker(rank: int, world: int, port: int, args: argparse.Namespace, trace_dir: str, queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        result = job(rank, world, args, trace_dir)
-        if rank == 0:
-            queue.put(result)
-    finally:
-        dist.destroy_process_group()
-
-
 def run_job(args: argparse.Namespace) -> dict:
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as trace_dir:
-        procs = [ctx.Process(target=_worker, args=(r, args.world, port, args, trace_dir, queue))
-                 for r in range(args.world)]
-        for p in procs:
-            p.start()
-        result = queue.get(timeout=1800)
-        for p in procs:
-            p.join()
-    return result
+        return run_distributed(job, args.dp * args.tp * args.pp, args, trace_dir, timeout=3600)[0]
 
 
 def microbench(device: str, n: int = 100_000) -> float:
@@ -185,20 +123,15 @@ def microbench(device: str, n: int = 100_000) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--world", type=int, default=4)
-    p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--microbatches", type=int, default=4)
-    p.add_argument("--buckets", type=int, default=4)
+    p.add_argument("--preset", default="tiny", help="trainer preset")
+    p.add_argument("--dp", type=int, default=2)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=2)
     p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--micro-only", action="store_true", help="only the ns-per-span microbenchmark")
     args = p.parse_args()
-    if args.world % args.tp:
-        p.error(f"--world {args.world} must be a multiple of --tp {args.tp}")
     devices = ["none", "cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
     print("| span microbenchmark | ns per span |\n|---|---:|")
     for device in devices:
@@ -211,9 +144,8 @@ def main() -> None:
     spans_per_step = result["spans"] / len(on)
     med_off, med_on = statistics.median(off), statistics.median(on)
     mean_off, mean_on = statistics.fmean(off), statistics.fmean(on)
-    print(f"\njob: gloo world {args.world} (tp {args.tp} x dp {args.world // args.tp}), {args.layers} layers, "
-          f"hidden {args.hidden}, {args.microbatches} micro-batches; {args.rounds} rounds x {args.steps} "
-          f"steps per mode, interleaved; rank 0 step times")
+    print(f"\njob: megascope trainer, preset {args.preset}, dp={args.dp} tp={args.tp} pp={args.pp} on gloo; "
+          f"{args.rounds} rounds x {args.steps} steps per mode, interleaved; rank 0 step times")
     print("| statistic | off (ms) | on (ms) | on/off | overhead % | spans/step | cost per span (us) |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for label, a, b in (("median", med_off, med_on), ("mean", mean_off, mean_on)):

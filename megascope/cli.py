@@ -1,4 +1,8 @@
-"""The `megascope` console script: a dispatcher; each subcommand lives in the package it drives."""
+"""The `megascope` console script: a dispatcher; each subcommand lives in the package it drives.
+
+Only the chosen subcommand's module is imported, so `megascope train` on a GPU box needs neither DuckDB
+nor Dash, and start-up stays fast.
+"""
 
 from __future__ import annotations
 
@@ -6,40 +10,42 @@ import argparse
 import importlib
 import sys
 
-# subcommand -> module exposing add_parser(subparsers) and run(args) -> int
-SUBCOMMANDS = {
-    "train": "megascope.trainer.cli",
-    "demo": "megascope.samples.demo",
-    "analyze": "megascope.analyzer.cli",
-    "export": "megascope.analyzer.export_cli",
-    "dashboard": "megascope.dashboard.cli",
-    "simulate": "megascope.samples.simulate_cli",
-    "import": "megascope.tracer.importers.cli",
+# subcommand -> (module exposing add_parser(subparsers) and run(args) -> int, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("megascope.trainer.cli", "train a GPT with dp x tp x pp parallelism, traced into a run directory"),
+    "analyze": ("megascope.analyzer.cli", "find stragglers, flaps, hangs and the MFU timeline of a run"),
+    "export": ("megascope.analyzer.export_cli", "write a Perfetto/Chrome trace of a run"),
+    "dashboard": ("megascope.dashboard.cli", "web UI over one or more runs (live or offline)"),
+    "import": ("megascope.tracer.importers.cli", "turn PyTorch profiler / NDTimeline / flight-recorder dumps into a run"),
+    "simulate": ("megascope.samples.simulate_cli", "write a simulated run for any layout, with injected faults"),
+    "demo": ("megascope.samples.demo", "train, trace and diagnose a small job end to end"),
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full parser of `command` (its module imported); the others are listed by name and help."""
     parser = argparse.ArgumentParser(
         prog="megascope",
         description="Train, trace and diagnose 3D-parallel LLM jobs (MegaScale-style).",
-    )
+        epilog="megascope COMMAND --help explains each command.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, module in SUBCOMMANDS.items():
-        try:
+    for name, (module, help_text) in SUBCOMMANDS.items():
+        if name == command:
             importlib.import_module(module).add_parser(sub)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:  # a real missing dependency, not an unbuilt subcommand
-                raise
+        else:
+            sub.add_parser(name, help=help_text)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in SUBCOMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    return int(importlib.import_module(SUBCOMMANDS[args.command]).run(args) or 0)
+    return int(importlib.import_module(SUBCOMMANDS[args.command][0]).run(args) or 0)
 
 
 if __name__ == "__main__":

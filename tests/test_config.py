@@ -10,7 +10,7 @@ from megascope.trainer.faults import FaultSpecError, Faults, parse_spec
 
 
 def parse(*argv: str) -> argparse.Namespace:
-    return build_parser().parse_args(["train", *argv])
+    return build_parser("train").parse_args(["train", *argv])
 
 
 def test_precedence_defaults_preset_toml_flags(tmp_path):
@@ -101,6 +101,6 @@ def test_config_reference_is_current():
 
 def test_train_help_explains_flags(capsys):
     with pytest.raises(SystemExit):
-        build_parser().parse_args(["train", "--help"])
+        build_parser("train").parse_args(["train", "--help"])
     out = capsys.readouterr().out
     assert "[parallel.tp] Tensor-parallel degree" in out and "--inject" in out

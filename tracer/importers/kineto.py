@@ -1,0 +1,343 @@
+"""Import PyTorch profiler (Kineto) traces: one JSON or JSON.gz per rank, as `export_chrome_trace` or
+`tensorboard_trace_handler` write them.
+
+- rank, world size and process groups come from `distributedInfo` (rank also from the digits ending the
+  file name); the 3D layout from the groups' strides or --dp/--tp/--pp (layout.py);
+- steps are the `ProfilerStep#N` annotations (N = the profiler's step number = the loop's step when the
+  profiler starts with the loop);
+- compute spans are painted from the main thread's ops (kineto_ops.paint): forward/backward from
+  record_function annotations whose name says forward/backward, backward also from autograd's
+  `evaluate_function` ops, optimizer from `Optimizer.step#...`, data wait from `enumerate(DataLoader)`,
+  every other op counts as forward work;
+- communication: `c10d::*` ops (and NCCL's `record_param_comms` with its process group, sizes and
+  sequence number), ended at the backend's execution (`gloo:*`/`nccl:*` annotations) so a collective
+  spans from its issue to its completion like the tracer's.
+
+Files are streamed (json_stream) one rank per process (`jobs`), each writing its own rank's segments:
+memory is bounded by the per-thread runs of ops, not by the file size.
+"""
+
+from __future__ import annotations
+
+import ast
+import multiprocessing as mp
+import re
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megascope.tracer.importers import kineto_ops as ko
+from megascope.tracer.importers.json_stream import EVENTS_KEY, TraceJsonError, TraceJsonReader
+from megascope.tracer.importers.layout import Layout, layout_from_sizes
+from megascope.tracer.importers.writer import ImportInputError, RunWriter
+
+MERGE_GAP_NS = 1_000_000  # ops of one kind less than 1 ms apart are one span (Python overhead between them)
+_TRAILING_DIGITS = re.compile(r"(\d+)(?:\.pt)?\.json(?:\.gz)?$|(\d+)$")
+
+
+@dataclass
+class _Comm:
+    tid: Any
+    start: int
+    end: int
+    name: str            # our name: all_reduce, send, ...
+    raw: str
+    numel: int | None = None
+    elem_bytes: int | None = None
+    peer_local: int | None = None
+    group_ranks: list[int] | None = None
+    seq: int | None = None
+
+
+@dataclass
+class RankTrace:
+    """Everything kept from one file: small, whatever the file size."""
+    path: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    steps: list[tuple[int, int, int]] = field(default_factory=list)
+    intervals: dict[Any, list[tuple[int, int, int]]] = field(default_factory=lambda: defaultdict(list))
+    comms: list[_Comm] = field(default_factory=list)
+    events_read: int = 0
+
+
+class _ThreadRuns:
+    """Per thread: merges runs of same-class events on the fly and skips events nested in a parent of
+    the same or a higher class (the aten ops inside a backward function, ...)."""
+
+    def __init__(self, out: list[tuple[int, int, int]]) -> None:
+        self.out = out
+        self.run: list[int] | None = None  # [start, end, cls]
+        self.cover_end, self.cover_cls = -1, -1
+
+    def add(self, start: int, end: int, cls: int) -> None:
+        if start < self.cover_end and cls <= self.cover_cls:
+            return
+        if start < self.cover_end:  # a higher class inside a parent (comm inside a forward annotation)
+            self.out.append((start, end, cls))
+            return
+        self.cover_end, self.cover_cls = end, cls
+        run = self.run
+        if run is not None and run[2] == cls and start - run[1] <= MERGE_GAP_NS:
+            run[1] = max(run[1], end)
+            return
+        if run is not None:
+            self.out.append(tuple(run))
+        self.run = [start, end, cls]
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.out.append(tuple(self.run))
+            self.run = None
+
+
+def read_rank_trace(path: Path) -> RankTrace:
+    """Stream one file into a RankTrace. Raises TraceJsonError / ImportInputError."""
+    trace = RankTrace(str(path))
+    threads: dict[Any, _ThreadRuns] = {}
+    seen_events = False
+    for key, value in TraceJsonReader(path):
+        if key != EVENTS_KEY:
+            trace.meta[key] = value
+            continue
+        seen_events = True
+        trace.events_read += 1
+        if not isinstance(value, dict) or value.get("ph") != "X":
+            continue
+        name, cat = str(value.get("name", "")), value.get("cat", "")
+        ts, dur = value.get("ts"), value.get("dur", 0)
+        if not isinstance(ts, (int, float)):
+            continue
+        start = int(round(ts * 1000))
+        end = start + int(round((dur or 0) * 1000))
+        tid = value.get("tid")
+        step = ko.step_number(name) if cat == "user_annotation" else None
+        if step is not None:
+            trace.steps.append((step, start, end))
+            trace.meta.setdefault("_main_tids", set()).add(tid)
+            continue
+        cls = ko.classify(name, cat)
+        if cls is None:
+            continue
+        if cls == ko.COMM:
+            _add_comm(trace, tid, start, end, name, value.get("args") or {})
+        runs = threads.get(tid)
+        if runs is None:
+            runs = threads[tid] = _ThreadRuns(trace.intervals[tid])
+        runs.add(start, end, cls)
+    if not seen_events:
+        keys = ", ".join(list(trace.meta)[:6]) or "nothing"
+        raise ImportInputError(f"{path} is not a PyTorch profiler trace: no traceEvents (found {keys}); "
+                               "pass the JSON written by prof.export_chrome_trace or tensorboard_trace_handler")
+    for runs in threads.values():
+        runs.close()
+    return trace
+
+
+def _add_comm(trace: RankTrace, tid: Any, start: int, end: int, raw: str, args: dict) -> None:
+    if raw == "record_param_comms":  # NCCL metadata: attach to the c10d op it sits in
+        parent = next((c for c in reversed(trace.comms[-4:]) if c.tid == tid and c.start <= start <= c.end), None)
+        name = ko.comm_name(str(args.get("Collective name", "")))
+        target = parent or _Comm(tid, start, end, name or "unknown", raw)
+        if parent is None and name is None:
+            return
+        target.numel = int(args.get("In msg nelems") or args.get("In msg size") or 0) or target.numel
+        target.elem_bytes = ko.dtype_bytes(args.get("dtype")) or target.elem_bytes
+        target.group_ranks = _ranks(args.get("Process Group Ranks")) or target.group_ranks
+        seq = args.get("Seq") if args.get("Seq") is not None else args.get("seq")
+        target.seq = int(seq) if isinstance(seq, (int, float)) else target.seq
+        if parent is None:
+            trace.comms.append(target)
+        return
+    name = ko.comm_name(raw)
+    if name is None:
+        return
+    comm = _Comm(tid, start, end, name, raw, numel=ko.numel(args.get("Input Dims")),
+                 elem_bytes=ko.dtype_bytes(args.get("Input type")))
+    if name in ("send", "recv") and raw.startswith("c10d::"):
+        concrete = args.get("Concrete Inputs") or []
+        if len(concrete) > 2 and str(concrete[2]).lstrip("-").isdigit():
+            comm.peer_local = int(concrete[2])
+    trace.comms.append(comm)
+
+
+def _ranks(value: Any) -> list[int] | None:
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            return None
+    return [int(r) for r in value] if isinstance(value, (list, tuple)) and value else None
+
+
+def rank_of(trace: RankTrace) -> int:
+    info = trace.meta.get("distributedInfo") or {}
+    if isinstance(info.get("rank"), int):
+        return info["rank"]
+    m = _TRAILING_DIGITS.search(Path(trace.path).name)
+    if m:
+        return int(m.group(1) or m.group(2))
+    raise ImportInputError(f"{trace.path}: no distributedInfo.rank and no rank at the end of the file name; "
+                           "profile with torch.distributed initialized, or name the file like trace_rank3.json")
+
+
+# ---- conversion of one rank ----------------------------------------------------------------------
+def convert_rank(trace: RankTrace, rank: int, layout: Layout, writer: RunWriter) -> int:
+    """Write one rank's steps, compute spans and comm events; returns the number of events written."""
+    base = int(trace.meta.get("baseTimeNanoseconds") or 0)
+    main_tids = trace.meta.get("_main_tids") or set()
+    if not trace.steps or not main_tids:
+        raise ImportInputError(f"{trace.path}: no ProfilerStep#N annotations; profile with "
+                               "torch.profiler.profile(schedule=...) and call prof.step() after every step")
+    index = ko.StepIndex(trace.steps)
+    for number, start, end in sorted(trace.steps):
+        writer.step(rank, number, base + start, base + end)
+    written = outside = 0
+    for tid in main_tids:
+        for start, end, cls in ko.paint(trace.intervals.get(tid, []), MERGE_GAP_NS):
+            pieces = index.split(start, end)
+            outside += not pieces
+            name, kind = ko.SPAN_NAMES[cls]
+            for step, lo, hi in pieces:
+                writer.event(rank, step, name, kind, base + lo, base + hi)
+                written += 1
+    ops = _matched_comms(trace, main_tids)
+    counters: Counter = Counter()
+    default_group = _default_group(layout)
+    for op in ops:
+        step = index.at(op.start)
+        if step is None:
+            outside += 1
+            continue
+        nbytes = (op.numel or 0) * (op.elem_bytes or 4)
+        if op.name in ("send", "recv"):
+            peer = _global_peer(op, rank, layout)
+            name = _p2p_name(op.name, rank, peer, layout)
+            key = (op.name, peer)
+            writer.event(rank, step, name, "p2p", base + op.start, base + op.end, group="pp" if layout.pp > 1 else
+                         default_group, seq=counters[key], peer=peer, nbytes=nbytes)
+            counters[key] += 1
+            continue
+        group = layout.group_name(op.group_ranks) if op.group_ranks else default_group
+        group = group or "world"
+        seq = op.seq if op.seq is not None else counters[group]
+        counters[group] += 1
+        writer.event(rank, step, op.name, "collective", base + op.start, base + op.end, group=group, seq=seq,
+                     nbytes=nbytes)
+        written += 1
+    if outside:
+        writer.warn(f"rank {rank}: {outside} span(s) outside every ProfilerStep were left out")
+    writer.flush_rank(rank)
+    return written
+
+
+def _matched_comms(trace: RankTrace, main_tids: set) -> list[_Comm]:
+    """Issued ops (c10d::*, record_param_comms on the main thread), each ended at its backend execution
+    (gloo:*/nccl:* annotation of the same op and size, first come first served)."""
+    issued = sorted((c for c in trace.comms if c.tid in main_tids and not c.raw.startswith(("gloo:", "nccl:"))),
+                    key=lambda c: c.start)
+    executed = sorted((c for c in trace.comms if c.raw.startswith(("gloo:", "nccl:"))), key=lambda c: c.start)
+    pending: dict[str, list[_Comm]] = defaultdict(list)
+    for op in issued:
+        pending[op.name].append(op)
+    for ex in executed:
+        queue = pending.get(ex.name, [])
+        for i, op in enumerate(queue[:16]):
+            if op.start <= ex.start + 1000 and (op.numel is None or ex.numel is None or op.numel == ex.numel):
+                op.end = max(op.end, ex.end)
+                op.numel = op.numel or ex.numel
+                op.elem_bytes = op.elem_bytes or ex.elem_bytes
+                del queue[i]
+                break
+    return issued
+
+
+def _default_group(layout: Layout) -> str:
+    """Gloo traces do not say which process group ran a collective: when one kind of group is larger
+    than 1 it can only be that one (dp for a plain data-parallel job)."""
+    nontrivial = [n for n, size in (("dp", layout.dp), ("tp", layout.tp), ("pp", layout.pp)) if size > 1]
+    return nontrivial[0] if len(nontrivial) == 1 else ("dp" if not nontrivial else "")
+
+
+def _global_peer(op: _Comm, rank: int, layout: Layout) -> int:
+    local = op.peer_local if op.peer_local is not None else -1
+    if local < 0:
+        return -1
+    if layout.pp > 1:  # pipeline transfers run on the pp group: its local ranks are stage indices
+        group = layout.group_of("pp", rank)
+        return group[local] if local < len(group) else local
+    return local
+
+
+def _p2p_name(kind: str, rank: int, peer: int, layout: Layout) -> str:
+    if peer < 0:
+        return kind
+    ahead = layout.coords(peer)[0] > layout.coords(rank)[0] if layout.pp > 1 else peer > rank
+    if kind == "send":
+        return "send_forward" if ahead else "send_backward"
+    return "recv_backward" if ahead else "recv_forward"
+
+
+# ---- the whole import ----------------------------------------------------------------------------
+def _read_safely(path: Path) -> RankTrace | str:
+    try:
+        return read_rank_trace(path)
+    except (TraceJsonError, ImportInputError, OSError, EOFError, UnicodeDecodeError) as exc:
+        return f"{path}: {exc}" if str(path) not in str(exc) else str(exc)
+
+
+def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int | None, pp: int | None,
+                  vpp: int | None, jobs: int = 1) -> tuple[Layout, list[int], dict[int, str], list[str]]:
+    failed: list[str] = []
+    hosts: dict[int, str] = {}
+    done: dict[int, str] = {}
+    layout: Layout | None = None
+    pool = mp.get_context("spawn").Pool(jobs) if jobs > 1 and len(paths) > 1 else None
+    try:
+        results = pool.imap(_read_safely, paths) if pool else (_read_safely(p) for p in paths)
+        for path, trace in zip(paths, results):
+            if isinstance(trace, str):
+                writer.warn(trace)
+                failed.append(str(path))
+                continue
+            try:
+                rank = rank_of(trace)
+                if rank in done:
+                    raise ImportInputError(f"{path} and {done[rank]} are both rank {rank}; pass one trace per rank")
+                layout = layout or _layout(trace, dp, tp, pp, vpp)
+                if rank >= layout.world:
+                    raise ImportInputError(f"{path} is rank {rank}, outside the world of {layout.world}")
+                convert_rank(trace, rank, layout, writer)
+            except ImportInputError as exc:
+                if "both rank" in str(exc):
+                    raise
+                writer.warn(str(exc))
+                failed.append(str(path))
+                continue
+            done[rank] = str(path)
+            hosts[rank] = str(trace.meta.get("host_name") or "unknown")
+            writer.add_source(path, kind="kineto trace", rank=rank, events=trace.events_read)
+    finally:
+        if pool:
+            pool.close()
+            pool.join()
+    if layout is None:
+        return Layout(1, 1, 1), [], hosts, failed
+    missing = sorted(set(range(layout.world)) - set(done))
+    if missing:
+        writer.warn(f"no trace for rank(s) {', '.join(map(str, missing[:16]))}{' ...' if len(missing) > 16 else ''}"
+                    f" of {layout.world}; the other ranks were imported")
+    return layout, sorted(done), hosts, failed
+
+
+def _layout(trace: RankTrace, dp: int | None, tp: int | None, pp: int | None, vpp: int | None) -> Layout:
+    info = trace.meta.get("distributedInfo") or {}
+    world = info.get("world_size")
+    if not isinstance(world, int):
+        world = (dp or 1) * (tp or 1) * (pp or 1)
+    groups = [_ranks(g.get("ranks")) or [] for g in info.get("pg_config") or [] if isinstance(g, dict)]
+    try:
+        return layout_from_sizes(world, dp, tp, pp, vpp, groups)
+    except ValueError as exc:
+        raise ImportInputError(f"{trace.path}: {exc}") from None
+

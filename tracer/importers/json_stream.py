@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Iterator, TextIO
 
 _WS = re.compile(r"[ \t\n\r]*")
+_SEP = re.compile(r"[ \t\n\r]*([,\]])")
 EVENTS_KEY = "traceEvents"
 
 
@@ -134,7 +135,22 @@ class TraceJsonReader:
         if self._peek() == "]":
             self._pos += 1
             return
+        decode, ws, sep = self._decoder.raw_decode, _WS.match, _SEP.match
         while True:
+            # fast path (almost every event): the whole object and its separator are in the buffer
+            buf = self._buf
+            pos = ws(buf, self._pos).end()
+            try:
+                value, end = decode(buf, pos)
+                m = sep(buf, end) if isinstance(value, dict) else None
+            except ValueError:
+                m = None
+            if m is not None:
+                self._pos = m.end()
+                yield EVENTS_KEY, value
+                if m.group(1) == "]":
+                    return
+                continue
             yield EVENTS_KEY, self._value()
             if self._expect(",]", "',' or ']' in traceEvents") == "]":
                 return

@@ -1,0 +1,112 @@
+"""Import throughput: a large generated Kineto (torch.profiler) trace imported by `megascope import
+kineto` in a fresh process; MB/s and peak RSS, side by side with `json.load` of the same file (what a
+non-streaming importer would need just to parse it).
+
+    python benchmarks/import_throughput.py [--mb 300] [--out /tmp/megascope-import-bench]
+
+The trace imitates a CPU training loop as torch.profiler writes it: ProfilerStep#N annotations,
+forward aten ops with nested children, autograd evaluate_function ops, an optimizer annotation,
+c10d collectives on the main thread and gloo execution annotations on runloop threads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MEASURE = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+if sys.argv[1] == "json.load":
+    import gzip
+    opener = gzip.open if sys.argv[2].endswith(".gz") else open
+    with opener(sys.argv[2], "rt") as f:
+        n = len(json.load(f)["traceEvents"])
+else:
+    from megascope.tracer.importers.cli import import_run
+    import_run("kineto", [sys.argv[2]], sys.argv[3])
+elapsed = time.perf_counter() - t0
+print(json.dumps({"s": elapsed, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+"""
+
+
+def _event(name: str, cat: str, ts: float, dur: float, tid: int, args: dict | None = None) -> str:
+    return json.dumps({"ph": "X", "cat": cat, "name": name, "pid": 100, "tid": tid, "ts": round(ts, 3),
+                       "dur": round(dur, 3), "args": args or {"External id": 1, "Ev Idx": 2}})
+
+
+def generate(path: Path, target_mb: int) -> int:
+    """Write a trace of about target_mb MB; returns the number of events."""
+    header = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 1,
+              "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 1, "ranks": [0]}]},
+              "baseTimeNanoseconds": 1790857026000000000, "displayTimeUnit": "ms"}
+    n, ts, step = 0, 4_801_136_944_682.0, 0
+    with open(path, "w") as f:
+        f.write("{\n" + ",\n".join(f'  "{k}": {json.dumps(v)}' for k, v in header.items()) + ',\n  "traceEvents": [\n')
+        first = True
+        while f.tell() < target_mb * 1_000_000:
+            rows, t = [], ts
+            for _ in range(200):  # forward: an op with two nested children
+                rows += [_event("aten::linear", "cpu_op", t, 30, 1), _event("aten::t", "cpu_op", t + 1, 3, 1),
+                         _event("aten::addmm", "cpu_op", t + 5, 20, 1)]
+                t += 32
+            for _ in range(200):  # backward
+                rows += [_event("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", t, 50, 1),
+                         _event("aten::mm", "cpu_op", t + 2, 40, 1)]
+                t += 52
+            for i in range(8):  # gradient all-reduces and their gloo execution
+                dims = {"Input Dims": [[[4096]], [], [], [], [], []], "Input type": ["TensorList"]}
+                rows.append(_event("c10d::allreduce_", "cpu_op", t, 20, 1, dims))
+                rows.append(_event("gloo:all_reduce", "user_annotation", t + 25, 300, 2 + i % 2,
+                                   {"Input Dims": [[4096]], "Input type": ["float"]}))
+                t += 330
+            rows.append(_event("Optimizer.step#SGD.step", "user_annotation", t, 400, 1))
+            t += 410
+            rows.append(_event(f"ProfilerStep#{step}", "user_annotation", ts, t - ts, 1))
+            f.write(("" if first else ",\n") + ",\n".join(rows))
+            first = False
+            n += len(rows)
+            ts, step = t + 5, step + 1
+        f.write('\n  ],\n  "traceName": "bench"\n}\n')
+    return n
+
+
+def measure(mode: str, src: Path, out: Path) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    result = subprocess.run([sys.executable, "-c", MEASURE, mode, str(src), str(out)],
+                            capture_output=True, text=True, check=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--mb", type=int, default=300, help="size of the generated JSON trace (MB)")
+    p.add_argument("--out", default="/tmp/megascope-import-bench")
+    args = p.parse_args()
+    root = Path(args.out)
+    root.mkdir(parents=True, exist_ok=True)
+    src = root / "trace_rank0.json"
+    t0 = time.perf_counter()
+    events = generate(src, args.mb)
+    gz = root / "trace_rank0.json.gz"
+    with open(src, "rb") as f_in, gzip.open(gz, "wb", compresslevel=3) as f_out:
+        shutil.copyfileobj(f_in, f_out)
+    print(f"generated {events:,} events, {src.stat().st_size / 1e6:.0f} MB JSON "
+          f"({gz.stat().st_size / 1e6:.0f} MB gzip) in {time.perf_counter() - t0:.0f} s\n")
+    mb = src.stat().st_size / 1e6
+    print(f"| input | reader | wall (s) | MB/s (uncompressed) | events/s | peak RSS (MB) |")
+    print(f"|---|---|---|---|---|---|")
+    for label, path in (("JSON", src), ("JSON.gz", gz)):
+        for mode in ("megascope import", "json.load"):
+            r = measure("import" if mode.startswith("megascope") else "json.load", path, root / "run")
+            print(f"| {label} | {mode} | {r['s']:.1f} | {mb / r['s']:.1f} | {events / r['s']:,.0f} | {r['rss_mb']:.0f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -108,9 +108,6 @@ def test_hang_is_detected_stopped_and_restarted(hung_run, uninterrupted):
     assert [got[s] for s in range(2, STEPS)] == [uninterrupted[s] for s in range(2, STEPS)]
 
 
-@pytest.mark.xfail(raises=KeyError, strict=True,
-                   reason="analyzer/hangs.read_inflight expects flat records; the tracer's watchdog nests the "
-                          "op under 'waiting_on' (fix reported to the lead; then drop this mark)")
 def test_the_analyzer_names_the_hung_rank(hung_run):
     from megascope.analyzer import Run
 

@@ -37,6 +37,8 @@ FLAGS: dict[str, tuple[str, str, type]] = {
     "--data": ("data", "path", str),
     "--trace": ("trace", "enabled", str),
     "--trace-level": ("trace", "level", str),
+    "--checkpoint-every": ("robust", "checkpoint_every", int),
+    "--max-restarts": ("robust", "max_restarts", int),
 }
 
 
@@ -68,7 +70,6 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     launch.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend")
     launch.add_argument("--rdzv-endpoint", default="", help="host:port of the rendezvous (required with --nnodes > 1)")
     launch.add_argument("--rdzv-id", default="", help="job id shared by all nodes (default: the run directory name)")
-    launch.add_argument("--max-restarts", type=int, default=0, help="elastic restarts of the worker group")
 
 
 _BOOL_FIELDS = {"parallel_block", "zero", "sequence_parallel", "scatter_gather", "enabled"}

@@ -59,7 +59,7 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
     if problem:
         print(f"megascope train: {problem}", file=sys.stderr)
         return 2
-    max_restarts = args.max_restarts if args.max_restarts else cfg.robust.max_restarts
+    max_restarts = cfg.robust.max_restarts
     endpoint = args.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
     launch_cfg = LaunchConfig(
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc,

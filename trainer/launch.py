@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
 import time
@@ -85,6 +86,11 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
               f"trace so far is in {cfg.run_dir}; incidents: {cfg.run_dir}/incidents.jsonl", file=sys.stderr)
         return 1
     except SignalException as exc:
+        if exc.sigval == signal.SIGINT:  # Ctrl-C reaches the agent as a signal; it has stopped every rank
+            append_incident(cfg.run_dir, {"kind": "interrupted", "ranks": [], "detail": "Ctrl-C (SIGINT)"})
+            print(f"\nmegascope train: interrupted; all ranks stopped; trace so far is in {cfg.run_dir}",
+                  file=sys.stderr)
+            return 130
         stopped_by_check = any(i["kind"] == "self_check" for i in supervisor.incidents)
         why = "stopped after a failed self-check" if stopped_by_check else f"stopped by signal {exc.sigval}"
         print(f"megascope train: {why}; see {cfg.run_dir}/incidents.jsonl and {cfg.run_dir}/self_check/",

@@ -1,20 +1,28 @@
 """Network flaps and slow links, per p2p link (rank pair) and per collective group instance.
 
-The series judged is the effective transfer time with peer waiting removed (p2p: the per-step floor
-of min(send, recv) durations; collectives: end - last arrival), against the links/groups of the same
-kind at the same step. A step is degraded when that ratio >= `flag_ratio`. A link degraded on most
-steps is steadily slow (`slow_link`); one that collapses and recovers in episodes flaps
-(`network_flap`, with the episodes and their count).
+Three series, each against the links/groups of the same kind at the same step:
+- p2p transfer time with peer waiting removed (the per-step floor of min(send, recv) durations);
+- collective transfer time (end - last arrival);
+- p2p stalls: host time both ends of a link lost right before issuing their transfers to each other
+  (a NIC or driver that blocks the issue: the transfer itself then looks normal, but both ends stall
+  in the same steps; one end alone stalling is that rank's late launch, not the link).
+A step is degraded when the ratio >= `flag_ratio` and beyond the run's noise (`z_flag` x the
+step-to-step noise of the log ratio, median over links), and the extra time is real (`min_extra_s`;
+stalls: `min_stall_frac` of the step). A link degraded on most steps is steadily slow (`slow_link`);
+one that collapses and recovers in episodes flaps (`network_flap`, with the episodes and their count).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from megascope.analyzer.episodes import runs
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
+from megascope.analyzer.layout import group_members as layout_members
+from megascope.analyzer.peer_stats import noise_sigma, warmup_steps
 from megascope.analyzer.store import Store, load_sql
 
 
@@ -24,6 +32,9 @@ class FlapConfig:
     min_extra_s: float = 1e-4       # ignore degradations smaller than this (timer resolution, noise)
     steady_fraction: float = 0.8    # degraded on this share of steps: steadily slow, not flapping
     min_episodes: int = 2
+    min_episode_steps: int = 2
+    z_flag: float = 4.0             # degraded beyond this many noise sigmas of the log ratio
+    min_stall_frac: float = 0.1     # p2p stalls: extra host time >= this share of the step
 
 
 class FlapDetector:
@@ -31,34 +42,63 @@ class FlapDetector:
         self.cfg = config or FlapConfig()
 
     def detect(self, store: Store) -> list[Finding]:
-        n_steps = int(store.query("SELECT count(DISTINCT step) AS n FROM rank_step").n.iloc[0])
-        bounds = store.query("SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns FROM rank_step GROUP BY step")
-        bounds = bounds.set_index("step")
-        return self._p2p(store, n_steps, bounds) + self._collectives(store, n_steps, bounds)
+        bounds = store.query("SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns, "
+                             "median(step_time_s) AS step_time_s FROM rank_step GROUP BY step")
+        warm = set(warmup_steps(bounds, 2.0)) if len(bounds) else set()
+        bounds = bounds[~bounds.step.isin(warm)].set_index("step")
+        n_steps = len(bounds)
+        if n_steps == 0:
+            return []
+        out = self._p2p(store, n_steps, bounds, warm) + self._stalls(store, n_steps, bounds, warm)
+        return _dedupe_links(out) + self._collectives(store, n_steps, bounds, warm)
 
-    def _degraded(self, sql: str, value: str, store: Store) -> pd.DataFrame:
+    def _degraded(self, series: pd.DataFrame, key: list[str], value: str, warm: set[int]) -> pd.DataFrame:
+        """Rows of a (key, step, value, baseline_s, ratio) series that are degraded beyond the noise."""
         c = self.cfg
-        return store.query(f"SELECT * FROM ({sql.rstrip().rstrip(';')}) WHERE ratio >= {c.flag_ratio} "
-                           f"AND {value} - baseline_s >= {c.min_extra_s}")
+        series = series[~series.step.isin(warm)].copy()
+        if series.empty:
+            return series
+        with np.errstate(divide="ignore", invalid="ignore"):
+            series["lr"] = np.log(series.ratio.astype(float))
+        series["key"] = series[key].astype(str).agg("/".join, axis=1)
+        sigma = noise_sigma(series[np.isfinite(series.lr)], "lr", key="key")
+        threshold = max(np.log(c.flag_ratio), c.z_flag * sigma)
+        return series[(series.lr >= threshold) & (series[value] - series.baseline_s >= c.min_extra_s)]
 
-    def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame) -> list[Finding]:
+    def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: set[int]) -> list[Finding]:
         store.execute(load_sql("p2p_links"))
-        bad = self._degraded(load_sql("p2p_series"), "floor_s", store)
+        bad = self._degraded(store.query(load_sql("p2p_series")), ["src", "dst"], "floor_s", warm)
+        return self._links(store, bad, "floor_s", n_steps, bounds, "transfer")
+
+    def _stalls(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: set[int]) -> list[Finding]:
+        c = self.cfg
+        st = store.query(load_sql("p2p_stalls"))
+        st = st[~st.step.isin(warm)]
+        if st.empty:
+            return []
+        step_time = bounds.step_time_s.reindex(st.step).to_numpy()
+        bad = st[(st.stall_s - st.baseline_s >= c.min_stall_frac * step_time) &
+                 (st.stall_s >= c.flag_ratio * st.baseline_s)]
+        return self._links(store, bad.rename(columns={"a": "src", "b": "dst"}), "stall_s", n_steps, bounds, "stall")
+
+    def _links(self, store: Store, bad: pd.DataFrame, value: str, n_steps: int, bounds: pd.DataFrame,
+               how: str) -> list[Finding]:
         if bad.empty:
             return []
-        bad["a"] = bad[["src", "dst"]].min(axis=1)
-        bad["b"] = bad[["src", "dst"]].max(axis=1)
+        bad = bad.assign(a=bad[["src", "dst"]].min(axis=1), b=bad[["src", "dst"]].max(axis=1))
         out = []
         for (a, b), rows in bad.groupby(["a", "b"]):
-            per_step = rows.groupby("step").agg(ratio=("ratio", "max"), value=("floor_s", "max"),
+            per_step = rows.groupby("step").agg(ratio=("ratio", "max"), value=(value, "max"),
                                                 baseline=("baseline_s", "median"))
             f = self._classify([int(a), int(b)], per_step, n_steps, bounds, store, what=f"link {a}<->{b}")
             if f:
+                f.evidence["signal"] = how
                 out.append(f)
         return out
 
-    def _collectives(self, store: Store, n_steps: int, bounds: pd.DataFrame) -> list[Finding]:
-        bad = self._degraded(load_sql("collective_series"), "effective_s", store)
+    def _collectives(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: set[int]) -> list[Finding]:
+        bad = self._degraded(store.query(load_sql("collective_series")), ["group", "instance", "name"],
+                             "effective_s", warm)
         if bad.empty:
             return []
         out = []
@@ -75,7 +115,8 @@ class FlapDetector:
     def _classify(self, ranks: list[int], per_step: pd.DataFrame, n_steps: int, bounds: pd.DataFrame,
                   store: Store, what: str, group: str = "pp") -> Finding | None:
         c = self.cfg
-        episodes = runs(per_step.index, max_gap=1)
+        # an episode is >= min_episode_steps long: a single degraded step is a hiccup, not a flap
+        episodes = [e for e in runs(per_step.index, max_gap=1) if e[2] >= c.min_episode_steps]
         degraded = len(per_step)
         ratio = float(per_step.ratio.median())
         extra_ms = 1e3 * float((per_step.value - per_step.baseline).median())
@@ -106,15 +147,16 @@ class FlapDetector:
 
 
 def group_members(store: Store, group: str, instance: int) -> list[int]:
-    """Global ranks of one collective group instance (the inverse of collectives.sql's instance key)."""
-    topo, man = store.topology, store.manifest["topology"]
-    dp, tp = int(man["dp"]), int(man["tp"])
-    if group == "dp":
-        sel = (topo.pp == instance // tp) & (topo.tp == instance % tp)
-    elif group == "tp":
-        sel = (topo.pp == instance // dp) & (topo.dp == instance % dp)
-    elif group == "pp":
-        sel = (topo.dp == instance // tp) & (topo.tp == instance % tp)
-    else:
-        sel = topo["rank"] >= 0
-    return topo.loc[sel, "rank"].astype(int).tolist()
+    """Global ranks of one collective group instance (the inverse of layout.instance_sql)."""
+    man = store.manifest["topology"]
+    return layout_members(store.topology, int(man["dp"]), int(man["tp"]), int(man["pp"]), group, instance)
+
+
+def _dedupe_links(findings: list[Finding]) -> list[Finding]:
+    """One finding per link: a stall and a transfer finding on the same pair are the same problem."""
+    best: dict[tuple[int, ...], Finding] = {}
+    for f in findings:
+        key = tuple(sorted(f.ranks))
+        if key not in best or f.severity > best[key].severity:
+            best[key] = f
+    return list(best.values())

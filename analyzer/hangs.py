@@ -43,11 +43,21 @@ def read_inflight(path: Path, warnings: list[str]) -> dict[int, dict]:
         return records
     for f in sorted(folder.glob("rank=*.json")):
         try:
-            rec = json.loads(f.read_text())
+            rec = _flatten(json.loads(f.read_text()))
             records[int(rec["rank"])] = rec
         except (ValueError, KeyError, TypeError) as exc:
             warnings.append(f"skipped unreadable in-flight record {f.name}: {exc}")
     return records
+
+
+def _flatten(rec: dict) -> dict:
+    """The tracer's watchdog nests the stuck op under `waiting_on` (op, group, seq, peers, since_ns,
+    step); the simulator writes those fields at the top level. One shape for the rest of the module."""
+    waiting = rec.get("waiting_on")
+    if isinstance(waiting, dict):
+        rec = {**rec, **{k: v for k, v in waiting.items() if k not in ("rank",)}}
+    rec.setdefault("op", "?")
+    return rec
 
 
 def _waits_on(rec: dict, records: dict[int, dict]) -> list[int]:

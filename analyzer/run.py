@@ -14,6 +14,8 @@ from typing import Any, Protocol
 import pandas as pd
 
 from megascope.analyzer import critical_path as cp
+from megascope.analyzer.event_pass import build_event_pass
+from megascope.analyzer.explain import drop_explained
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.flaps import FlapDetector
 from megascope.analyzer.hangs import HangReport, find_hang
@@ -69,11 +71,10 @@ class Run:
     def _ensure(self, name: str) -> None:
         if name in self._built:
             return
-        if name == "rank_step":
-            self.store.execute(load_sql("rank_step"))
+        if name == "rank_step":  # one event pass builds rank_step and collective_instances together
+            build_event_pass(self.store, self.progress)
         elif name == "collectives":
-            topo = self.manifest["topology"]
-            self.store.execute(load_sql("collectives").format(dp=int(topo["dp"]), tp=int(topo["tp"])))
+            self._ensure("rank_step")
             self.store.execute("CREATE OR REPLACE TEMP TABLE late_arrivals AS " +
                                load_sql("arrivals").rstrip().rstrip(";").replace("$min_lateness_s", "1e-4"))
         self._built.add(name)
@@ -139,6 +140,7 @@ class Run:
         for i, det in enumerate(self.detectors):
             self.progress("detecting", i + 1, total)
             out += det.detect(self.store)
+        out = drop_explained(out)
         if hang is not None:
             out.insert(0, hang.to_finding(self.topology, len(self.topology)))
         self._add_arrival_evidence(out)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from megascope.analyzer.layout import instance_keys
 from megascope.analyzer.store import Store, load_sql
 
 ASYNC_NAMES = ("send_forward", "send_backward")
@@ -62,13 +63,13 @@ def build_step_graph(store: Store, step: int, ranks: list[int] | None = None) ->
         send_of[pos[m["index"]].to_numpy()] = pos[m["index_send"]].to_numpy()
     instance = np.full(n, -1, dtype=np.int64)
     last_arrival = np.full(n, -1, dtype=np.int64)
-    coll = ev[ev.kind == "collective"].join(store.topology.set_index("rank"), on="rank", rsuffix="_t")
+    coll = ev[ev.kind == "collective"]
     if len(coll):
-        key = coll["group"].map({"dp": 0, "tp": 1, "pp": 2}).fillna(3).astype(int).astype(str) + ":" + np.where(
-            coll["group"] == "dp", coll.pp.astype(str) + "/" + coll.tp.astype(str),
-            np.where(coll["group"] == "tp", coll.pp.astype(str) + "/" + coll.dp.astype(str),
-                     np.where(coll["group"] == "pp", coll.dp.astype(str) + "/" + coll.tp.astype(str), "0"))) \
-            + ":" + coll.seq.astype(str)
+        topo = store.manifest["topology"]
+        inst = instance_keys(coll, store.topology, int(topo["dp"]), int(topo["tp"]))
+        coll = coll[inst.notna()]  # unknown group names: members cannot be reconstructed, not matched
+        key = coll["group"].astype(str) + ":" + inst[inst.notna()].astype(int).astype(str) + ":" + coll.seq.astype(str)
+    if len(coll):
         codes, _ = pd.factorize(key)
         instance[coll.index.to_numpy()] = codes
         latest = coll.assign(code=codes).sort_values("issue_ns").groupby("code").tail(1)

@@ -143,6 +143,30 @@ class Store:
         listing = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
         return f"(SELECT {columns} FROM read_parquet({listing}, hive_partitioning=false))"
 
+    def rank_batches(self, batch_ranks: int) -> list[str]:
+        """SQL sources that together hold every events segment, each about `batch_ranks` ranks' worth:
+        globs over rank-folder name prefixes (rank=00???: ranks 0-999), which bind fast. One source
+        (the `events` view) for small runs or once damaged segments forced an explicit file list."""
+        dirs = sorted({os.path.basename(os.path.dirname(f)) for f in self.files["events"]})
+        if len(dirs) <= batch_ranks or "events" in self._excluded:
+            return ["events"]
+        by_prefix: dict[str, int] = {}
+        for name in dirs:
+            by_prefix[name[:-3]] = by_prefix.get(name[:-3], 0) + 1
+        batches: list[list[str]] = [[]]
+        count = 0
+        for prefix, n in by_prefix.items():
+            if count and count + n > batch_ranks:
+                batches.append([])
+                count = 0
+            batches[-1].append(prefix)
+            count += n
+        columns = ", ".join(f'"{f.name}"' for f in TABLES["events"])
+        root = str(self.path / "events").replace("'", "''")
+        return ["(SELECT " + columns + " FROM read_parquet([" +
+                ", ".join(f"'{root}/{p}???/*.parquet'" for p in b) + "], hive_partitioning=false))"
+                for b in batches]
+
     def query(self, sql: str, params: dict | list | None = None) -> pd.DataFrame:
         return self.run_with_retry(lambda: self.con.execute(sql, params or {}).df())
 

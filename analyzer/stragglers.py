@@ -1,38 +1,61 @@
 """Stragglers, late launches and stage imbalance: each rank judged against the ranks doing the same
-work, with robust statistics, persistence over steps and an onset step.
+work (peer_stats.py: stage peers without the rank itself, log-scale scores, the run's own noise),
+with persistence over steps, the rank's own history before the onset, and an onset step.
 
-- slow compute: forward+backward time >= `min_ratio` x the stage peers' median and a robust z-score
-  (median/MAD) >= `min_z`, for `persist_steps` steps (a one-step spike is noise).
-- late launch: compute is normal but the rank's untraced host time (`other_s`: gaps before it issues
-  its ops, the MegaScale GC-pause case) exceeds its peers' by >= `min_gap_s`, on >= `late_min_count`
-  steps. Arrival skew at collectives confirms: the culprit arrives last, its peers wait (victims).
-- stage imbalance: a whole stage's median compute >= `imbalance_ratio` x the other stages' median.
-  Judging ranks only against their own stage means an imbalanced stage never blames its ranks.
-Waiting time (p2p receives, collectives) is excluded from both measures, so victims are not blamed.
+- slow compute (straggler): own forward+backward time (waits nested in compute removed, so victims
+  are not blamed) scores >= max(log `min_ratio`, `z_flag` sigma) and costs >= `min_excess_frac` of
+  the step, on `persist_steps` steps (a spike is noise). The rank's forward is slower too (a slow
+  chip slows every kernel). Before the onset it must have been like its peers (`z_shift` sigma
+  lower); a rank slow from the first analyzed step needs `z_start` sigma (scheduler asymmetries on
+  an oversubscribed host are persistent but small).
+- late launch: the rank's own time (compute + data wait + host gaps) is high while its forward is
+  normal: it is slow to issue its collectives (GC pauses, sleeps before the launch), on
+  >= `late_min_count` steps spaced <= `late_max_period` apart. Arrival skew at the collectives is
+  attached as evidence (the culprit arrives last; its peers wait: victims).
+- stage imbalance: ALL ranks of a stage are slower than the other stages (the stage's low quartile
+  rank, not its median: one straggler among two ranks is not an imbalance).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 
 from megascope.analyzer.episodes import persistent_runs, runs
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
+from megascope.analyzer.peer_stats import noise_sigma, rank_step_scores
 from megascope.analyzer.store import Store, load_sql
 
 
 @dataclass
 class StragglerConfig:
     min_ratio: float = 1.03
-    min_z: float = 4.0
+    z_flag: float = 2.0
+    z_shift: float = 1.3
+    z_start: float = 3.5
+    z_imbalance: float = 3.0
+    z_gap: float = 6.0
+    min_excess_frac: float = 0.01
     persist_steps: int = 3
     min_gap_s: float = 1e-3
-    min_gap_z: float = 6.0
     late_min_count: int = 3
     late_max_period: int = 10
     imbalance_ratio: float = 1.05
     min_lateness_s: float = 1e-4
+
+
+@dataclass
+class Episode:
+    first: int
+    last: int
+    level: float
+    """Median score (log ratio vs peers) over the flagged steps."""
+    rows: pd.DataFrame
+    """The flagged rank-steps between first and last."""
+    runs: list[tuple[int, int, int]]
 
 
 class StragglerDetector:
@@ -42,72 +65,145 @@ class StragglerDetector:
         self.cfg = config or StragglerConfig()
 
     def detect(self, store: Store) -> list[Finding]:
-        cfg = self.cfg
-        cand = store.query(load_sql("peer_scores"), {"min_ratio": cfg.min_ratio, "min_gap_s": cfg.min_gap_s})
-        findings = self._slow_compute(store, cand) + self._late_launch(store, cand)
-        findings = merge_hosts(findings, store.topology)
-        return findings + self._imbalance(store)
+        scores = rank_step_scores(store)
+        if scores.empty:
+            return []
+        sigma = noise_sigma(scores, "x_work_s")
+        slow = self._slow_compute(store, scores, sigma)
+        late = self._late_launch(store, scores, sigma, {f.ranks[0] for f in slow})
+        findings = merge_hosts(slow + late, store.topology)
+        return findings + self._imbalance(store, scores, sigma)
 
-    def _slow_compute(self, store: Store, cand: pd.DataFrame) -> list[Finding]:
+    def episode(self, rows: pd.DataFrame, measure: str, sigma: float, max_gap: int, min_count: int) -> Episode | None:
+        """The persistent stretch where the rank's `measure` (log-ratio score x_<measure>) stands out
+        from its peers by >= max(log min_ratio, z_flag sigma) and >= min_excess_frac of the step."""
         cfg = self.cfg
-        slow = cand[(cand.work_ratio >= cfg.min_ratio) & (cand.work_z >= cfg.min_z)]
+        x = rows[f"x_{measure}"]
+        extra_ok = rows[measure] - rows[f"ref_{measure}"] >= cfg.min_excess_frac * rows.step_time_s
+        threshold = max(math.log(cfg.min_ratio), cfg.z_flag * sigma)
+        return self.stretch(rows, x, threshold, extra_ok, sigma, max_gap, min_count, periodic=max_gap > 2)
+
+    def stretch(self, rows: pd.DataFrame, score: pd.Series, threshold: float, extra_ok: pd.Series, sigma: float,
+                max_gap: int, min_count: int, periodic: bool = False) -> Episode | None:
+        """Flagged steps (score >= threshold and extra_ok), persistent runs of them, and the onset."""
+        flag = (score >= threshold) & extra_ok
+        found = persistent_runs(rows.step[flag], min_count, max_gap=max_gap)
+        if not found:
+            return None
+        first, last = found[0][0], found[-1][1]
+        after_flag = flag if periodic else None  # every K steps: judge the flagged steps only
+        onset = self._onset(rows.step, score, flag, first, last, sigma, int(rows.step.max()), after_flag)
+        if onset is None:
+            return None
+        flagged = rows[flag & rows.step.between(onset, last)]
+        level = float(score[flag & rows.step.between(onset, last)].median())
+        return Episode(int(onset), int(last), level, flagged, [r for r in found if r[1] >= onset])
+
+    def _onset(self, steps: pd.Series, x: pd.Series, flag: pd.Series, first: int, last: int,
+               sigma: float, run_last: int, after_flag: pd.Series | None = None, lookahead: int = 4) -> int | None:
+        """The step where the rank's level shifted: among the flagged steps up to `lookahead` after the
+        first, the earliest whose shift (median after - median before) is within 10% of the best, and at
+        least `z_shift` sigma. "After" spans at least 2 x persist_steps (or to the end of the run): a
+        straggler is a state that lasts, a burst of scheduler noise is not. No history before (slow
+        from the start): the level must reach `z_start`."""
+        cfg = self.cfg
+        ok = np.isfinite(x)
+        shifts = {}
+        for k in sorted(set(steps[flag & steps.between(first, first + lookahead)].astype(int))):
+            before = x[ok & (steps < k)]
+            after = x[ok & steps.between(k, max(last, min(k + 2 * cfg.persist_steps - 1, run_last)))
+                      & (after_flag if after_flag is not None else True)]
+            if len(before) >= 2 and len(after) >= cfg.persist_steps:
+                shifts[k] = float(after.median()) - float(before.median())
+        if shifts and max(shifts.values()) >= cfg.z_shift * sigma:
+            best = max(shifts.values())
+            return min(k for k, v in shifts.items() if v >= 0.9 * best)
+        level = float(x[flag & steps.between(first, last)].median())
+        if first in shifts or level < cfg.z_start * sigma:
+            return None  # it had a history and did not shift; or too small to call without one
+        return first
+
+    def _slow_compute(self, store: Store, scores: pd.DataFrame, sigma: float) -> list[Finding]:
+        cfg = self.cfg
         out = []
-        for rank, rows in slow.groupby("rank"):
-            found = persistent_runs(rows.step, cfg.persist_steps, max_gap=2)
-            if not found:
+        for rank, rows in scores.groupby("rank"):
+            ep = self.episode(rows, "work_s", sigma, max_gap=2, min_count=cfg.persist_steps)
+            if ep is None:
                 continue
-            first, last = found[0][0], found[-1][1]
-            in_run = rows[(rows.step >= first) & (rows.step <= last)]
-            ratio = float(in_run.work_ratio.median())
+            fwd = float(ep.rows.x_forward_s.median())
+            if not fwd >= 0.5 * ep.level:  # backward alone: launch delays inside backward hooks
+                continue
+            ratio = math.exp(ep.level)
             host = hosts_of(store.topology, [int(rank)])
             out.append(Finding(
-                kind="straggler", ranks=[int(rank)], hosts=host, steps=(int(first), int(last)), severity=ratio,
+                kind="straggler", ranks=[int(rank)], hosts=host, steps=(ep.first, ep.last), severity=ratio,
                 summary=(f"Rank {rank} on {host[0] if host else '?'} computes {100 * (ratio - 1):.0f}% slower than "
-                         f"the ranks of its pipeline stage since step {first}; check that GPU (clocks, "
+                         f"the ranks of its pipeline stage since step {ep.first}; check that GPU (clocks, "
                          f"thermals, ECC) or drain the host."),
                 evidence={"cause": "slow_compute", "stage": int(rows.pp.iloc[0]),
                           "compute_ratio_vs_stage": round(ratio, 4),
-                          "compute_ratio_vs_tp_group": round(float(in_run.tp_ratio.median()), 4),
-                          "robust_z": round(float(in_run.work_z.median()), 2),
-                          "flagged_steps": int(len(in_run)), "episodes": [list(r[:2]) for r in found]}))
+                          "forward_ratio_vs_stage": round(math.exp(fwd), 4),
+                          "compute_ratio_vs_tp_group": _round(ep.rows.tp_ratio.median()),
+                          "robust_z": round(ep.level / sigma, 2), "noise_sigma": round(sigma, 4),
+                          "flagged_steps": int(len(ep.rows)), "episodes": [list(r[:2]) for r in ep.runs]}))
         return out
 
-    def _late_launch(self, store: Store, cand: pd.DataFrame) -> list[Finding]:
+    def _late_launch(self, store: Store, scores: pd.DataFrame, sigma: float, stragglers: set[int]) -> list[Finding]:
         cfg = self.cfg
-        late = cand[(cand.gap_excess_s >= cfg.min_gap_s) & (cand.gap_z >= cfg.min_gap_z)
-                    & (cand.work_ratio < cfg.min_ratio)]
         out = []
-        for rank, rows in late.groupby("rank"):
-            groups = [r for r in runs(rows.step, max_gap=cfg.late_max_period) if r[2] >= cfg.late_min_count]
-            if not groups:
+        own_sigma = noise_sigma(scores, "x_own_s")
+        gap_sigma = noise_sigma(scores.assign(g=scores.gap_s - scores.ref_gap_s), "g", floor=1e-5)
+        for rank, rows in scores.groupby("rank"):
+            if rank in stragglers:
                 continue
-            first, last = groups[0][0], groups[-1][1]
-            sel = rows[(rows.step >= first) & (rows.step <= last)]
-            excess_ms = 1e3 * float(sel.gap_excess_s.median())
+            # own time (pauses inside backward hooks and the optimizer, before their collectives) or,
+            # for short pauses in long steps, the host gaps alone in seconds
+            measure = "own_s"
+            ep = self.episode(rows, "own_s", own_sigma, max_gap=cfg.late_max_period, min_count=cfg.late_min_count)
+            if ep is None:
+                measure = "gap_s"
+                gap_excess = rows.gap_s - rows.ref_gap_s
+                ep = self.stretch(rows, gap_excess, max(cfg.min_gap_s, cfg.z_gap * gap_sigma), gap_excess > 0,
+                                  gap_sigma, cfg.late_max_period, cfg.late_min_count, periodic=True)
+            if ep is None:
+                continue
+            sel = ep.rows
+            excess = sel[measure] - sel[f"ref_{measure}"]
+            if float(excess.median()) < cfg.min_gap_s:
+                continue
+            if float(sel.x_forward_s.median()) >= max(math.log(cfg.min_ratio), cfg.z_flag * sigma):
+                continue  # its compute is slow too: not a launch problem
+            if float((sel.gap_p2p_s / excess).median()) >= 0.5:
+                continue  # delays before pipeline transfers: a link problem (flaps.py)
+            excess_ms = 1e3 * float(excess.median())
             host = hosts_of(store.topology, [int(rank)])
             steps = sorted(int(s) for s in sel.step)
             period = int(pd.Series(steps).diff().median()) if len(steps) > 1 else 1
             out.append(Finding(
-                kind="late_launch", ranks=[int(rank)], hosts=host, steps=(int(first), int(last)),
-                severity=float(1 + (sel.gap_excess_s / sel.work_s).median()),
+                kind="late_launch", ranks=[int(rank)], hosts=host, steps=(ep.first, ep.last),
+                severity=float(1 + (excess / sel.ref_own_s.clip(lower=1e-9)).median()),
                 summary=(f"Rank {rank} on {host[0] if host else '?'} issues its collectives ~{excess_ms:.1f} ms late "
                          f"{'every step' if period <= 1 else f'every {period} steps'} while its compute is "
                          f"normal; look for host-side pauses there (garbage collection, CPU contention)."),
                 evidence={"cause": "late_launch", "stage": int(rows.pp.iloc[0]), "excess_ms": round(excess_ms, 3),
-                          "flagged_steps": len(steps), "period_steps": period}))
+                          "flagged_steps": len(steps), "period_steps": period, "measure": measure,
+                          "level": round(ep.level, 4)}))
         return out
 
-    def _imbalance(self, store: Store) -> list[Finding]:
+    def _imbalance(self, store: Store, scores: pd.DataFrame, sigma: float) -> list[Finding]:
         cfg = self.cfg
-        bal = store.query(load_sql("stage_balance"))
-        slow = bal[bal.ratio >= cfg.imbalance_ratio]
+        bal = stage_balance(scores)
+        if bal.empty:
+            return []
+        threshold = max(math.log(cfg.imbalance_ratio), cfg.z_imbalance * noise_sigma(bal, "y", key="pp"))
         out = []
-        for stage, rows in slow.groupby("pp"):
-            found = persistent_runs(rows.step, cfg.persist_steps, max_gap=2)
+        for stage, rows in bal.groupby("pp"):
+            found = persistent_runs(rows.step[rows.y >= threshold], cfg.persist_steps, max_gap=2)
             if not found:
                 continue
             first, last = found[0][0], found[-1][1]
-            ratio = float(rows[(rows.step >= first) & (rows.step <= last)].ratio.median())
+            sel = rows[rows.step.between(first, last) & (rows.y >= threshold)]
+            ratio = float(np.exp(sel.y.median()))
             ranks = store.topology.loc[store.topology.pp == stage, "rank"].astype(int).tolist()
             out.append(Finding(
                 kind="stage_imbalance", ranks=ranks, hosts=hosts_of(store.topology, ranks),
@@ -116,8 +212,26 @@ class StragglerDetector:
                          f"since step {first} (all its ranks alike: a partition imbalance, not a bad rank); "
                          f"move layers off stage {stage} or rebalance the split."),
                 evidence={"cause": "stage_imbalance", "stage": int(stage), "ratio_vs_other_stages": round(ratio, 4),
-                          "stage_compute_s": round(float(rows.stage_work_s.median()), 6)}))
+                          "stage_compute_s": round(float(sel.stage_work_s.median()), 6)}))
         return out
+
+
+def stage_balance(scores: pd.DataFrame) -> pd.DataFrame:
+    """Per step and stage: y = log(the stage's low-quartile rank work / the other stages' median work)."""
+    if scores.pp.nunique() < 2:
+        return pd.DataFrame(columns=["step", "pp", "y", "stage_work_s"])
+    g = scores.groupby(["step", "pp"]).work_s
+    stage = pd.DataFrame({"low": g.quantile(0.25, interpolation="lower"), "med": g.median()}).reset_index()
+    rows = []
+    for step, st in stage.groupby("step"):
+        for r in st.itertuples():
+            others = st.med[st.pp != r.pp]
+            rows.append((int(step), int(r.pp), math.log(max(r.low, 1e-9) / max(float(others.median()), 1e-9)), r.med))
+    return pd.DataFrame(rows, columns=["step", "pp", "y", "stage_work_s"])
+
+
+def _round(value: float, digits: int = 4) -> float | None:
+    return round(float(value), digits) if value == value else None
 
 
 def merge_hosts(findings: list[Finding], topology: pd.DataFrame) -> list[Finding]:

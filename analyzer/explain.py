@@ -1,0 +1,47 @@
+"""Victims are not culprits: drop findings that another finding already explains.
+
+Everything waits on a culprit: the data-parallel peer of a late launcher waits for its all-gathers
+(inside its own forward, where waits cannot always be told from work), the stage of a straggler
+looks slow, the collectives of a rank on a flapping link finish late. Each of those would be
+reported as its own problem if judged alone. A finding is dropped when its ranks include the rank(s)
+of a more specific finding whose steps overlap:
+- stage_imbalance explained by a straggler or late launch in that stage;
+- a collective group's slow_link / network_flap explained by a straggler, a late launch or a
+  flapping p2p link among its members;
+- a p2p link's finding explained by a straggler or late launch at one of its ends.
+"""
+
+from __future__ import annotations
+
+from megascope.analyzer.findings import Finding
+
+CULPRIT_KINDS = ("straggler", "late_launch")
+LINK_KINDS = ("network_flap", "slow_link")
+
+
+def drop_explained(findings: list[Finding]) -> list[Finding]:
+    culprits = [f for f in findings if f.kind in CULPRIT_KINDS]
+    links = [f for f in findings if f.kind in LINK_KINDS and _is_p2p(f)]
+    out = []
+    for f in findings:
+        if f.kind == "stage_imbalance":
+            explained_by = culprits
+        elif f.kind in LINK_KINDS and not _is_p2p(f):
+            explained_by = culprits + links
+        elif f.kind in LINK_KINDS:
+            explained_by = culprits
+        else:
+            explained_by = []
+        cause = next((c for c in explained_by if c is not f and set(c.ranks) & set(f.ranks)
+                      and _overlap(c.steps, f.steps)), None)
+        if cause is None:
+            out.append(f)
+    return out
+
+
+def _is_p2p(f: Finding) -> bool:
+    return f.evidence.get("group", "pp") == "pp" and len(f.ranks) == 2
+
+
+def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
+    return a[0] <= b[1] and b[0] <= a[1]

@@ -9,10 +9,15 @@ from megascope.analyzer.store import Store, load_sql
 
 BATCH_RANKS = 2048
 """Ranks per batch of the event pass: each batch is one windowed scan of those ranks' segments."""
+RANK_COLUMNS = ("rank, step, peer, compute_ns, forward_ns, backward_ns, optimizer_ns, nested_ns, recv_ns, "
+                "collective_ns, data_wait_ns, gap_ns, gap_p2p_ns, gap_coll_ns, send_min_ns, sends, recv_min_ns, "
+                "n_events")
+COLLECTIVE_COLUMNS = ('"group", instance, seq, first_step, op_name, n_events, last_rank, last_issue_ns, '
+                      "first_issue_ns, issue_sum_ms, last_end_ns")
 
 
 def build_event_pass(store: Store, progress=None) -> None:
-    """Create the temp tables `_pass`, `_rank_peer_step`, `rank_step` and `collective_instances`."""
+    """Create the temp tables `_rank_peer_step`, `rank_step` and `collective_instances`."""
     topo = store.manifest["topology"]
     dp, tp = int(topo["dp"]), int(topo["tp"])
     regular = is_regular(store.topology, dp, tp)
@@ -25,17 +30,23 @@ def build_event_pass(store: Store, progress=None) -> None:
             progress("scanning events", i, len(batches))
         sql = template.format(source=source, instance=instance_sql(store.topology, dp, tp, "_t"),
                               join=join, base=base)
-        verb = "CREATE OR REPLACE TEMP TABLE _pass AS " if i == 0 else "INSERT INTO _pass "
-        store.execute(verb + sql)
+        store.execute("CREATE OR REPLACE TEMP TABLE _batch AS " + sql)
+        # keep only what each grouping needs: the wide batch rows would fill DuckDB's memory
+        verb = "CREATE OR REPLACE TEMP TABLE {} AS " if i == 0 else "INSERT INTO {} "
+        store.execute(verb.format("_rank_peer_step") + f"SELECT {RANK_COLUMNS} FROM _batch WHERE gset = 0")
+        store.execute(verb.format("_collective_partials") + f"SELECT {COLLECTIVE_COLUMNS} FROM _batch "
+                      "WHERE gset = 1 AND instance IS NOT NULL")
+        store.execute("DROP TABLE _batch")
     if progress is not None:
         progress("scanning events", len(batches), len(batches))
     store.execute(load_sql("rank_step"))
     store.execute(load_sql("collectives").format(base=base))
-    store.execute("DROP TABLE _pass")
+    store.execute("DROP TABLE _collective_partials")
 
 
 def run_start_ns(store: Store) -> int:
-    """A time origin (the first step start) so sums of issue times stay small numbers."""
+    """A time origin (an hour before the first step start) so sums and encodings of times stay small,
+    positive numbers."""
     row = store.query("SELECT min(start_ns) AS t FROM steps")
     value = row.t.iloc[0] if len(row) else None
-    return int(value) if value is not None and value == value else 0
+    return int(value) - 3_600_000_000_000 if value is not None and value == value else 0

@@ -60,8 +60,7 @@ class FlapDetector:
             return series
         with np.errstate(divide="ignore", invalid="ignore"):
             series["lr"] = np.log(series.ratio.astype(float))
-        series["key"] = series[key].astype(str).agg("/".join, axis=1)
-        sigma = noise_sigma(series[np.isfinite(series.lr)], "lr", key="key")
+        sigma = noise_sigma(series[np.isfinite(series.lr)], "lr", key=key)
         threshold = max(np.log(c.flag_ratio), c.z_flag * sigma)
         return series[(series.lr >= threshold) & (series[value] - series.baseline_s >= c.min_extra_s)]
 

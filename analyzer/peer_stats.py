@@ -57,31 +57,52 @@ def warmup_steps(rs: pd.DataFrame, factor: float) -> list[int]:
     return out
 
 
-def noise_sigma(scores: pd.DataFrame, column: str, key: str = "rank", floor: float = 0.003) -> float:
+def noise_sigma(scores: pd.DataFrame, column: str, key: str | list[str] = "rank", floor: float = 0.003) -> float:
     """The run's step-to-step noise of a score: per `key` (rank), 1.4826 x MAD of the first differences
     over steps / sqrt(2), then the median over keys. Differences ignore a rank's level (its
-    asymmetry, or a fault's shift), and the median over ranks ignores the few culprits."""
-    per_key = []
-    for _, rows in scores[[key, "step", column]].dropna().sort_values("step").groupby(key):
-        d = rows[column].diff().dropna()
-        if len(d) >= 2:
-            per_key.append(1.4826 * float((d - d.median()).abs().median()) / math.sqrt(2))
-    return max(floor, float(np.median(per_key))) if per_key else floor
+    asymmetry, or a fault's shift), and the median over keys ignores the few culprits."""
+    keys = [key] if isinstance(key, str) else list(key)
+    df = scores[keys + ["step", column]].dropna().sort_values(keys + ["step"])
+    if df.empty:
+        return floor
+    df = df.assign(d=df.groupby(keys, sort=False)[column].diff()).dropna(subset=["d"])
+    g = df.groupby(keys, sort=False).d
+    counts = g.transform("size")
+    df = df[counts >= 2]
+    if df.empty:
+        return floor
+    dev = (df.d - df.groupby(keys, sort=False).d.transform("median")).abs()
+    per_key = 1.4826 * dev.groupby([df[k] for k in keys], sort=False).median() / math.sqrt(2)
+    return max(floor, float(per_key.median()))
 
 
-def leave_one_out_median(df: pd.DataFrame, keys: list[str], col: str) -> pd.Series:
+def leave_one_out_median(df: pd.DataFrame, keys: list[str], col: str, small: int = 16) -> pd.Series:
     """Median of `col` over the other members of each row's group (NaN for a group of one).
-    Large groups use the group median: one member moves it by less than the noise."""
-    size = df.groupby(keys)[col].transform("size")
-    out = df.groupby(keys)[col].transform("median").astype(float)
+    Groups larger than `small` use the group median: one member moves it by less than the noise."""
+    size = df.groupby(keys)[col].transform("size").to_numpy()
+    out = df.groupby(keys)[col].transform("median").to_numpy(dtype=float).copy()
     out[size <= 1] = np.nan
-    small = (size > 1) & (size <= 16)
-    if small.any():
-        sub = df.loc[small, keys + [col]]
-        out.loc[small] = sub.groupby(keys)[col].transform(_loo_median).to_numpy()
-    return out
+    sel = np.flatnonzero((size > 1) & (size <= small))
+    if len(sel):
+        out[sel] = _loo_small(df.iloc[sel], keys, col, small)
+    return pd.Series(out, index=df.index)
 
 
-def _loo_median(values: pd.Series) -> np.ndarray:
-    v = values.to_numpy(dtype=float)
-    return np.array([np.median(np.delete(v, i)) for i in range(len(v))])
+def _loo_small(df: pd.DataFrame, keys: list[str], col: str, width: int) -> np.ndarray:
+    """Vectorized leave-one-out medians for groups of 2..width members: sort each group, then the
+    median of the sorted values with the row's own position skipped."""
+    order = df.sort_values(keys + [col]).index
+    sorted_df = df.loc[order]
+    group = sorted_df.groupby(keys, sort=False).ngroup().to_numpy()
+    pos = sorted_df.groupby(keys, sort=False).cumcount().to_numpy()
+    n = np.bincount(group)[group]
+    grid = np.full((group.max() + 1, width + 1), np.nan)
+    grid[group, pos] = sorted_df[col].to_numpy(dtype=float)
+    m = n - 1                                   # members left once the row itself is skipped
+
+    def remaining(j: np.ndarray) -> np.ndarray:  # j-th smallest of the others
+        return grid[group, j + (j >= pos)]
+
+    lo, hi = (m - 1) // 2, m // 2
+    values = (remaining(lo) + remaining(hi)) / 2
+    return pd.Series(values, index=order).reindex(df.index).to_numpy()

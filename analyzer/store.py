@@ -79,7 +79,7 @@ class Store:
         self._excluded: set[str] = set()
         for table in TABLES:
             self._make_view(table)
-            if table != "events" or len(self.files[table]) <= 2000:  # big runs: the first scan validates
+            if len(self.files[table]) <= 2000:  # big runs: the first scan (with retry) validates
                 self.run_with_retry(lambda: self.con.execute(f"SELECT count(*) FROM {table}").fetchall())
         if not self.files["events"] and not self.files["steps"]:
             self.warnings.append("the run has no readable events or steps segments yet")

@@ -38,6 +38,7 @@ class StragglerConfig:
     z_start: float = 3.5
     z_imbalance: float = 3.0
     z_gap: float = 6.0
+    z_late: float = 3.0
     min_excess_frac: float = 0.01
     persist_steps: int = 3
     min_gap_s: float = 1e-3
@@ -74,13 +75,14 @@ class StragglerDetector:
         findings = merge_hosts(slow + late, store.topology)
         return findings + self._imbalance(store, scores, sigma)
 
-    def episode(self, rows: pd.DataFrame, measure: str, sigma: float, max_gap: int, min_count: int) -> Episode | None:
+    def episode(self, rows: pd.DataFrame, measure: str, sigma: float, max_gap: int, min_count: int,
+                z_flag: float | None = None) -> Episode | None:
         """The persistent stretch where the rank's `measure` (log-ratio score x_<measure>) stands out
         from its peers by >= max(log min_ratio, z_flag sigma) and >= min_excess_frac of the step."""
         cfg = self.cfg
         x = rows[f"x_{measure}"]
         extra_ok = rows[measure] - rows[f"ref_{measure}"] >= cfg.min_excess_frac * rows.step_time_s
-        threshold = max(math.log(cfg.min_ratio), cfg.z_flag * sigma)
+        threshold = max(math.log(cfg.min_ratio), (z_flag or cfg.z_flag) * sigma)
         return self.stretch(rows, x, threshold, extra_ok, sigma, max_gap, min_count, periodic=max_gap > 2)
 
     def stretch(self, rows: pd.DataFrame, score: pd.Series, threshold: float, extra_ok: pd.Series, sigma: float,
@@ -123,10 +125,17 @@ class StragglerDetector:
             return None  # it had a history and did not shift; or too small to call without one
         return first
 
+    def _candidates(self, scores: pd.DataFrame, flag: pd.Series, min_count: int) -> pd.DataFrame:
+        """Rows of the ranks with at least `min_count` flagged steps: the per-rank analysis (onset,
+        history) only runs for those, which keeps 10^4-rank runs fast."""
+        counts = flag.groupby(scores["rank"]).sum()
+        return scores[scores["rank"].isin(counts.index[counts >= min_count])]
+
     def _slow_compute(self, store: Store, scores: pd.DataFrame, sigma: float) -> list[Finding]:
         cfg = self.cfg
         out = []
-        for rank, rows in scores.groupby("rank"):
+        flag = scores.x_work_s >= max(math.log(cfg.min_ratio), cfg.z_flag * sigma)
+        for rank, rows in self._candidates(scores, flag, cfg.persist_steps).groupby("rank"):
             ep = self.episode(rows, "work_s", sigma, max_gap=2, min_count=cfg.persist_steps)
             if ep is None:
                 continue
@@ -153,13 +162,15 @@ class StragglerDetector:
         out = []
         own_sigma = noise_sigma(scores, "x_own_s")
         gap_sigma = noise_sigma(scores.assign(g=scores.gap_s - scores.ref_gap_s), "g", floor=1e-5)
-        for rank, rows in scores.groupby("rank"):
+        flag = (scores.x_own_s >= max(math.log(cfg.min_ratio), cfg.z_late * own_sigma)) | \
+               (scores.gap_s - scores.ref_gap_s >= max(cfg.min_gap_s, cfg.z_gap * gap_sigma))
+        for rank, rows in self._candidates(scores, flag, cfg.late_min_count).groupby("rank"):
             if rank in stragglers:
                 continue
             # own time (pauses inside backward hooks and the optimizer, before their collectives) or,
             # for short pauses in long steps, the host gaps alone in seconds
             measure = "own_s"
-            ep = self.episode(rows, "own_s", own_sigma, max_gap=cfg.late_max_period, min_count=cfg.late_min_count)
+            ep = self.episode(rows, "own_s", own_sigma, max_gap=2, min_count=cfg.late_min_count, z_flag=cfg.z_late)
             if ep is None:
                 measure = "gap_s"
                 gap_excess = rows.gap_s - rows.ref_gap_s

@@ -1,5 +1,5 @@
 -- collective_instances: one row per collective op instance (all members of one group instance, same
--- seq), merged from the event pass's per-batch partial rows (event_pass.sql, gset = 1).
+-- seq), merged from the event pass's per-batch partial rows (event_pass.py, _collective_partials).
 -- The group instance comes from the topology (layout.py): dp peers share (pp, tp), tp peers share
 -- (pp, dp), pp and embedding peers share (dp, tp), world is one instance; unknown groups are not matched.
 --   "group" VARCHAR, instance BIGINT, seq BIGINT, step BIGINT, name VARCHAR
@@ -17,6 +17,5 @@ SELECT "group", instance, seq,
     (max(last_issue_ns) - {base}) / 1e9 - sum(issue_sum_ms) / 1e3 / sum(n_events) AS lateness_s,
     (max(last_issue_ns) - min(first_issue_ns)) / 1e9 AS skew_s,
     greatest(max(last_end_ns) - max(last_issue_ns), 0) / 1e9 AS effective_s
-FROM _pass
-WHERE gset = 1 AND instance IS NOT NULL
+FROM _collective_partials
 GROUP BY "group", instance, seq;

@@ -1,6 +1,6 @@
 -- rank_step: one row per rank and step, where the rank's time went (the base of most analyses).
--- Built from the event pass (event_pass.sql: one scan of `events`, grouped by rank, step and p2p peer,
--- which also feeds p2p_links.sql through _rank_peer_step), joined to `steps` and `topology`.
+-- Built from _rank_peer_step, the event pass's per (rank, step, p2p peer) rows (event_pass.py /
+-- event_pass.sql: one scan of `events`; p2p_links.sql reads the same rows), joined to `steps` and `topology`.
 --   rank INT, step BIGINT, pp/dp/tp INT, host VARCHAR   -- who
 --   start_ns, end_ns BIGINT      -- the rank's step span (aligned clock)
 --   step_time_s DOUBLE           -- end - start of the rank's step
@@ -18,11 +18,6 @@
 --   own_s DOUBLE                 -- time the rank itself was busy or slow: compute + data wait + gaps
 --   other_s DOUBLE               -- step time covered by no blocking span (= gap_s, kept for readers)
 --   n_events BIGINT
-CREATE OR REPLACE TEMP TABLE _rank_peer_step AS
-SELECT rank, step, peer, compute_ns, forward_ns, backward_ns, optimizer_ns, nested_ns, recv_ns,
-    collective_ns, data_wait_ns, gap_ns, gap_p2p_ns, gap_coll_ns, send_min_ns, sends, recv_min_ns, n_events
-FROM _pass WHERE gset = 0;
-
 CREATE OR REPLACE TEMP TABLE rank_step AS
 WITH _per_rank_step AS (
     SELECT rank, step,

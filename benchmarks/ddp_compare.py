@@ -108,7 +108,7 @@ def main() -> None:
         results["torch DDP"].append(steady(run_distributed(ddp_job, args.dp, args)))
         print(f"round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
     ddp = statistics.median(results["torch DDP"])
-    print(f"\npreset {args.preset}, dp={args.dp}, gloo on {torch.get_num_threads()}-thread CPU ranks, "
+    print(f"\npreset {args.preset}, dp={args.dp}, gloo, one CPU thread per rank, "
           f"{args.steps} steps x {args.rounds} rounds (median of rounds)\n")
     print(f"| {'implementation':22} | step time (s) | tokens/s | vs DDP |")
     print(f"|{'-' * 24}|---------------|----------|--------|")

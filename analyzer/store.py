@@ -77,6 +77,7 @@ class Store:
         self.con.unregister("_topology_df")
         self.files = {t: _segments(self.path, t) for t in TABLES}
         self._excluded: set[str] = set()
+        self._folders: dict[str, tuple[int, dict[str, list[str]]]] = {}
         for table in TABLES:
             self._make_view(table)
             if len(self.files[table]) <= 2000:  # big runs: the first scan (with retry) validates
@@ -133,15 +134,31 @@ class Store:
     def events_source(self, ranks: list[int] | None) -> str:
         """SQL source of the events of some ranks: only their segments are opened (files are per rank),
         which makes rank-filtered queries on 10^4-rank runs cheap. None = the `events` view."""
+        return self.table_source("events", ranks)
+
+    def table_source(self, table: str, ranks: list[int] | None) -> str:
+        """SQL source of one table (events, steps, gpu) restricted to some ranks' segment folders."""
         if ranks is None or len(ranks) > 4096:
-            return "events"
-        wanted = {rd.table_dir(self.path, "events", int(r)).name for r in ranks}
-        files = [f for f in self.files["events"] if os.path.basename(os.path.dirname(f)) in wanted]
+            return table
+        by_folder = self._by_folder(table)
+        files = [f for r in sorted(set(int(x) for x in ranks))
+                 for f in by_folder.get(rd.table_dir(self.path, table, r).name, [])]
         if not files:
-            return "(SELECT * FROM events WHERE false)"
-        columns = ", ".join(f'"{f.name}"' for f in TABLES["events"])
+            return f"(SELECT * FROM {table} WHERE false)"
+        columns = ", ".join(f'"{f.name}"' for f in TABLES[table])
         listing = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
         return f"(SELECT {columns} FROM read_parquet({listing}, hive_partitioning=false))"
+
+    def _by_folder(self, table: str) -> dict[str, list[str]]:
+        """Segments of a table by rank folder name (rank=NNNNN), built once per table and file list."""
+        cached = self._folders.get(table)
+        if cached is None or cached[0] != len(self.files[table]):
+            index: dict[str, list[str]] = {}
+            for f in self.files[table]:
+                index.setdefault(os.path.basename(os.path.dirname(f)), []).append(f)
+            cached = (len(self.files[table]), index)
+            self._folders[table] = cached
+        return cached[1]
 
     def rank_batches(self, batch_ranks: int) -> list[str]:
         """SQL sources that together hold every events segment, each about `batch_ranks` ranks' worth:

@@ -4,6 +4,8 @@ time order) stays within a bounded amount of memory on 10^4-rank runs."""
 
 from __future__ import annotations
 
+import pandas as pd
+
 from megascope.analyzer.layout import instance_sql, is_regular
 from megascope.analyzer.store import Store, load_sql
 
@@ -50,7 +52,7 @@ def run_start_ns(store: Store) -> int:
     # one rank's steps suffice (clocks are aligned across ranks; the hour of margin covers skew),
     # and reading one folder is instant where the whole steps table is 10^4 files
     row = store.query(f"SELECT min(start_ns) AS t FROM {store.table_source('steps', [int(store.topology['rank'].iloc[0])])}")
-    if not len(row) or row.t.iloc[0] is None or row.t.iloc[0] != row.t.iloc[0]:
+    if not len(row) or pd.isna(row.t.iloc[0]):
         row = store.query("SELECT min(start_ns) AS t FROM steps")
     value = row.t.iloc[0] if len(row) else None
-    return int(value) - 3_600_000_000_000 if value is not None and value == value else 0
+    return 0 if value is None or pd.isna(value) else int(value) - 3_600_000_000_000

@@ -18,21 +18,23 @@ COLLECTIVE_COLUMNS = ('"group", instance, seq, first_step, op_name, n_events, la
                       "first_issue_ns, issue_sum_ms, last_end_ns")
 
 
+TIMELINE_ALWAYS_RANKS = 2048
+"""Runs up to this size always take the timeline pass (its sort is cheap there)."""
+SAMPLE_RANKS = 32
+SIMPLE_GAP_SQL = ("greatest((s.end_ns - s.start_ns) / 1e9 - coalesce(e.compute_s, 0) - coalesce(e.recv_s, 0) "
+                  "- coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0)")
+TIMELINE_GAP_SQL = "coalesce(e.gap_s, 0)"
+
+
 def build_event_pass(store: Store, progress=None) -> None:
     """Create the temp tables `_rank_peer_step`, `rank_step` and `collective_instances`."""
-    topo = store.manifest["topology"]
-    dp, tp = int(topo["dp"]), int(topo["tp"])
-    regular = is_regular(store.topology, dp, tp)
     base = run_start_ns(store)
-    join = "" if regular else "JOIN topology _t USING (rank)"
-    template = load_sql("event_pass").rstrip().rstrip(";")
+    timeline = len(store.topology) <= TIMELINE_ALWAYS_RANKS or needs_timeline(store, base)
     batches = store.rank_batches(BATCH_RANKS)
     for i, source in enumerate(batches):
         if progress is not None:
             progress("scanning events", i, len(batches))
-        sql = template.format(source=source, instance=instance_sql(store.topology, dp, tp, "_t"),
-                              join=join, base=base)
-        store.execute("CREATE OR REPLACE TEMP TABLE _batch AS " + sql)
+        store.execute("CREATE OR REPLACE TEMP TABLE _batch AS " + pass_sql(store, source, base, timeline))
         # keep only what each grouping needs: the wide batch rows would fill DuckDB's memory
         verb = "CREATE OR REPLACE TEMP TABLE {} AS " if i == 0 else "INSERT INTO {} "
         store.execute(verb.format("_rank_peer_step") + f"SELECT {RANK_COLUMNS} FROM _batch WHERE gset = 0")
@@ -41,9 +43,48 @@ def build_event_pass(store: Store, progress=None) -> None:
         store.execute("DROP TABLE _batch")
     if progress is not None:
         progress("scanning events", len(batches), len(batches))
-    store.execute(load_sql("rank_step"))
+    store.execute(load_sql("rank_step").replace("{gap}", TIMELINE_GAP_SQL if timeline else SIMPLE_GAP_SQL))
     store.execute(load_sql("collectives").format(base=base))
     store.execute("DROP TABLE _collective_partials")
+
+
+def pass_sql(store: Store, source: str, base: int, timeline: bool = True) -> str:
+    """The event pass over one source; without `timeline` the window (a sort of every event) is
+    replaced by NULLs: nothing counts as nested, and gaps come from the step residual instead."""
+    topo = store.manifest["topology"]
+    dp, tp = int(topo["dp"]), int(topo["tp"])
+    sql = load_sql("event_pass").rstrip().rstrip(";")
+    if not timeline:
+        head, rest = sql.split("), _timeline AS (", 1)
+        sql = (head + "), _timeline AS (SELECT *, NULL::BIGINT AS busy, NULL::BIGINT AS coll_end, "
+               "NULL::BIGINT AS prev_end, NULL::BIGINT AS prev_start FROM _coded" + rest.split("-- timeline:end", 1)[1])
+    join = "" if is_regular(store.topology, dp, tp) else "JOIN topology _t USING (rank)"
+    return sql.format(source=source, instance=instance_sql(store.topology, dp, tp, "_t"), join=join, base=base)
+
+
+def needs_timeline(store: Store, base: int, tolerance: float = 0.01) -> bool:
+    """Does this trace need the timeline (a sort of 10^8 events on big runs)? Run both passes on a
+    sample of ranks (every stage, a few replicas): the sort-free one is exact when no span nests in
+    compute and the step residual equals the timeline's gaps (no async span hides or fakes host
+    time), within `tolerance` of the step on 99% of the sampled rank-steps."""
+    topo = store.topology
+    picks = topo.groupby("pp")["rank"].apply(lambda r: list(r.iloc[:: max(1, len(r) // 4)][:4]))
+    sample = sorted(int(r) for ranks in picks for r in ranks)[:SAMPLE_RANKS]
+    source = store.table_source("events", sample)
+    steps = store.table_source("steps", sample)
+    frames = {}
+    for mode in (True, False):
+        sums = store.query(f"""SELECT rank, step, sum(nested_ns) AS nested_ns, sum(gap_ns) AS gap_ns,
+                                      sum(compute_ns + recv_ns + collective_ns + data_wait_ns) AS covered_ns
+                               FROM ({pass_sql(store, source, base, mode)}) WHERE gset = 0 GROUP BY ALL""")
+        frames[mode] = sums.set_index(["rank", "step"]).sort_index()
+    st = store.query(f"SELECT rank, step, end_ns - start_ns AS step_ns FROM {steps}").set_index(["rank", "step"])
+    tl = frames[True].join(st, how="inner")
+    if tl.empty or (tl.nested_ns > 0).any():
+        return True
+    residual = (tl.step_ns - frames[False].covered_ns.reindex(tl.index)).clip(lower=0)
+    off = (residual - tl.gap_ns).abs() > tolerance * tl.step_ns
+    return bool(off.mean() > 0.01)
 
 
 def run_start_ns(store: Store) -> int:

@@ -35,7 +35,7 @@ WITH _coded AS (
         CASE WHEN kind = 'collective' THEN seq END AS seq,
         CASE WHEN kind = 'collective' THEN name END AS op_name
     FROM {source}
-), _timeline AS (
+), _timeline AS (  -- timeline:begin (event_pass.py swaps this block out for traces that need no sort)
     SELECT *,
         -- the latest-ending compute/host span issued before, and its role, in one running max of
         -- (end in us since base) * 16 + role: each framed aggregate is a pass over the rows, and us
@@ -48,11 +48,12 @@ WITH _coded AS (
     WINDOW _order AS (PARTITION BY rank, step ORDER BY start_ns, end_ns DESC),
            _before AS (PARTITION BY rank, step ORDER BY start_ns, end_ns DESC
                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+    -- timeline:end
 ), _busy AS (
     SELECT *, (busy // 16) * 1000 + 999 + {base} AS busy_end, busy % 16 AS busy_role FROM _timeline
 ), _placed AS (
     SELECT *, end_ns - start_ns AS dur_ns,
-        role BETWEEN 6 AND 9 AND busy_end >= end_ns AS nested,
+        coalesce(role BETWEEN 6 AND 9 AND busy_end >= end_ns, false) AS nested,
         -- a nested wait overlapping the previous one (async gathers waited together) counts once
         CASE WHEN prev_end < end_ns THEN end_ns - greatest(start_ns, prev_end) ELSE end_ns - start_ns END AS wait_ns,
         CASE WHEN busy_end > start_ns OR prev_start IS NULL THEN 0

@@ -17,6 +17,8 @@
 --   gap_p2p_s, gap_coll_s DOUBLE -- the part of gap_s right before p2p / collective issues
 --   own_s DOUBLE                 -- time the rank itself was busy or slow: compute + data wait + gaps
 --   other_s DOUBLE               -- step time covered by no blocking span (= gap_s, kept for readers)
+-- Formatted: {gap} (the timeline's gaps, or for traces whose spans neither nest nor overlap - checked
+-- on a sample, event_pass.py - the step time no span covers).
 --   n_events BIGINT
 CREATE OR REPLACE TEMP TABLE rank_step AS
 WITH _per_rank_step AS (
@@ -36,9 +38,9 @@ SELECT s.rank, s.step, t.pp, t.dp, t.tp, t.host, s.start_ns, s.end_ns,
     coalesce(e.backward_s, 0) AS backward_s, coalesce(e.optimizer_s, 0) AS optimizer_s,
     coalesce(e.recv_s, 0) AS recv_s, coalesce(e.collective_s, 0) AS collective_s,
     coalesce(e.nested_wait_s, 0) AS nested_wait_s, coalesce(e.data_wait_s, 0) AS data_wait_s,
-    coalesce(e.gap_s, 0) AS gap_s, coalesce(e.gap_p2p_s, 0) AS gap_p2p_s, coalesce(e.gap_coll_s, 0) AS gap_coll_s,
-    greatest(coalesce(e.compute_s, 0), 0) + coalesce(e.data_wait_s, 0) + coalesce(e.gap_s, 0) AS own_s,
-    coalesce(e.gap_s, 0) AS other_s,
+    {gap} AS gap_s, coalesce(e.gap_p2p_s, 0) AS gap_p2p_s, coalesce(e.gap_coll_s, 0) AS gap_coll_s,
+    greatest(coalesce(e.compute_s, 0), 0) + coalesce(e.data_wait_s, 0) + {gap} AS own_s,
+    {gap} AS other_s,
     coalesce(e.n_events, 0) AS n_events
 FROM steps s
 JOIN topology t USING (rank)

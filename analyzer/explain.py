@@ -8,7 +8,10 @@ of a more specific finding whose steps overlap:
 - stage_imbalance explained by a straggler or late launch in that stage;
 - a collective group's slow_link / network_flap explained by a straggler, a late launch or a
   flapping p2p link among its members;
-- a p2p link's finding explained by a straggler or late launch at one of its ends.
+- a p2p link's finding explained by a straggler or late launch at one of its ends;
+- a weaker straggler in the same pipeline replica (same dp and tp coordinates) whose onset comes
+  after the stronger one's: the ranks of one replica work in lockstep, and on shared hosts the
+  culprit's neighbours slow down with it.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ CULPRIT_KINDS = ("straggler", "late_launch")
 LINK_KINDS = ("network_flap", "slow_link")
 
 
-def drop_explained(findings: list[Finding]) -> list[Finding]:
+def drop_explained(findings: list[Finding], topology=None) -> list[Finding]:
+    if topology is not None:
+        findings = _drop_replica_followers(findings, topology)
     culprits = [f for f in findings if f.kind in CULPRIT_KINDS]
     links = [f for f in findings if f.kind in LINK_KINDS and _is_p2p(f)]
     out = []
@@ -45,3 +50,16 @@ def _is_p2p(f: Finding) -> bool:
 
 def _overlap(a: tuple[int, int], b: tuple[int, int]) -> bool:
     return a[0] <= b[1] and b[0] <= a[1]
+
+
+def _drop_replica_followers(findings: list[Finding], topology) -> list[Finding]:
+    replica = {int(r.rank): (int(r.dp), int(r.tp)) for r in topology.itertuples()}
+    single = [f for f in findings if f.kind == "straggler" and len(f.ranks) == 1]
+    out = []
+    for f in findings:
+        leader = next((g for g in single if g is not f and f in single and g.severity > f.severity
+                       and replica.get(g.ranks[0]) == replica.get(f.ranks[0])
+                       and g.steps[0] <= f.steps[0] and _overlap(g.steps, f.steps)), None)
+        if leader is None:
+            out.append(f)
+    return out

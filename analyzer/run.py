@@ -140,7 +140,7 @@ class Run:
         for i, det in enumerate(self.detectors):
             self.progress("detecting", i + 1, total)
             out += det.detect(self.store)
-        out = drop_explained(out)
+        out = drop_explained(out, self.topology)
         if hang is not None:
             out.insert(0, hang.to_finding(self.topology, len(self.topology)))
         self._add_arrival_evidence(out)

@@ -41,6 +41,7 @@ class StragglerConfig:
     z_late: float = 3.0
     min_excess_frac: float = 0.01
     persist_steps: int = 3
+    max_gap: int = 3                # flagged steps this far apart still make one run (noise drops some)
     min_gap_s: float = 1e-3
     late_min_count: int = 3
     late_max_period: int = 10
@@ -83,7 +84,7 @@ class StragglerDetector:
         x = rows[f"x_{measure}"]
         extra_ok = rows[measure] - rows[f"ref_{measure}"] >= cfg.min_excess_frac * rows.step_time_s
         threshold = max(math.log(cfg.min_ratio), (z_flag or cfg.z_flag) * sigma)
-        return self.stretch(rows, x, threshold, extra_ok, sigma, max_gap, min_count, periodic=max_gap > 2)
+        return self.stretch(rows, x, threshold, extra_ok, sigma, max_gap, min_count, periodic=max_gap > 3)
 
     def stretch(self, rows: pd.DataFrame, score: pd.Series, threshold: float, extra_ok: pd.Series, sigma: float,
                 max_gap: int, min_count: int, periodic: bool = False) -> Episode | None:
@@ -136,7 +137,7 @@ class StragglerDetector:
         out = []
         flag = scores.x_work_s >= max(math.log(cfg.min_ratio), cfg.z_flag * sigma)
         for rank, rows in self._candidates(scores, flag, cfg.persist_steps).groupby("rank"):
-            ep = self.episode(rows, "work_s", sigma, max_gap=2, min_count=cfg.persist_steps)
+            ep = self.episode(rows, "work_s", sigma, max_gap=cfg.max_gap, min_count=cfg.persist_steps)
             if ep is None:
                 continue
             fwd = float(ep.rows.x_forward_s.median())
@@ -170,7 +171,8 @@ class StragglerDetector:
             # own time (pauses inside backward hooks and the optimizer, before their collectives) or,
             # for short pauses in long steps, the host gaps alone in seconds
             measure = "own_s"
-            ep = self.episode(rows, "own_s", own_sigma, max_gap=2, min_count=cfg.late_min_count, z_flag=cfg.z_late)
+            ep = self.episode(rows, "own_s", own_sigma, max_gap=cfg.max_gap, min_count=cfg.late_min_count,
+                              z_flag=cfg.z_late)
             if ep is None:
                 measure = "gap_s"
                 gap_excess = rows.gap_s - rows.ref_gap_s

@@ -111,7 +111,8 @@ def find_hang(store: Store) -> HangReport | None:
                f"(py-spy dump) and check its GPU, then restart without host {hosts[0] if hosts else '?'}.")
     if cycle:
         summary = (f"The job hung at step {step} in a wait cycle ({op_rec}); rank {sus[0]} got stuck first.")
-    return HangReport(sus, sorted(records), op_rec, step, summary,
+    waiting = sorted(r for r in records if r not in suspects)  # the suspect may have a record too (stuck earlier)
+    return HangReport(sus, waiting, op_rec, step, summary,
                       {"waiting_count": len(records), "direct_waiters": sorted(int(r["rank"]) for r in direct)[:64],
                        "last_events": last, "cycle": cycle})
 

@@ -105,8 +105,9 @@ class StragglerDetector:
     def _onset(self, steps: pd.Series, x: pd.Series, flag: pd.Series, first: int, last: int,
                sigma: float, run_last: int, after_flag: pd.Series | None = None, lookahead: int = 4) -> int | None:
         """The step where the rank's level shifted: among the flagged steps up to `lookahead` after the
-        first, the earliest whose shift (median after - median before) is within 10% of the best, and at
-        least `z_shift` sigma. "After" spans at least 2 x persist_steps (or to the end of the run): a
+        first, the one with the largest shift (median after - median before; ties: the earliest), at
+        least `z_shift` sigma; the onset is the first step of the contiguous stretch around it past 3/4
+        of that shift. "After" spans at least 2 x persist_steps (or to the end of the run): a
         straggler is a state that lasts, a burst of scheduler noise is not. No history before (slow
         from the start): the level must reach `z_start`."""
         cfg = self.cfg
@@ -119,8 +120,20 @@ class StragglerDetector:
             if len(before) >= 2 and len(after) >= cfg.persist_steps:
                 shifts[k] = float(after.median()) - float(before.median())
         if shifts and max(shifts.values()) >= cfg.z_shift * sigma:
-            best = max(shifts.values())
-            return min(k for k, v in shifts.items() if v >= 0.9 * best)
+            best = max(shifts, key=lambda k: (shifts[k], -k))
+            # extend the onset back over the contiguous steps already at the new level (past 3/4 of
+            # the shift): a step only partly slowed, or a noisy one just before, is not the onset
+            level = float(x[ok & (steps < best)].median()) + 0.75 * shifts[best]
+            high = sorted(int(k) for k in steps[ok & (x >= level) & (flag if after_flag is not None else True)])
+            later = [k for k in high if k >= best]
+            if not later:
+                return best
+            onset, step_gap = later[0], self.cfg.late_max_period if after_flag is not None else 1
+            for k in reversed([k for k in high if k < onset]):  # back over the stretch at the new level
+                if onset - k > step_gap:
+                    break
+                onset = k
+            return onset
         level = float(x[flag & steps.between(first, last)].median())
         if first in shifts or level < cfg.z_start * sigma:
             return None  # it had a history and did not shift; or too small to call without one

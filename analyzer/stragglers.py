@@ -30,6 +30,11 @@ from megascope.analyzer.peer_stats import noise_sigma, rank_step_scores
 from megascope.analyzer.store import Store, load_sql
 
 
+ONSET_SHARE = 0.6
+"""The onset is the first step of the stretch past this share of the level shift: a step only partly
+slowed, or a noisy one just before, is not yet the new level (the error is late by a step at most)."""
+
+
 @dataclass
 class StragglerConfig:
     min_ratio: float = 1.03
@@ -42,6 +47,7 @@ class StragglerConfig:
     min_excess_frac: float = 0.01
     persist_steps: int = 3
     max_gap: int = 3                # flagged steps this far apart still make one run (noise drops some)
+    min_flagged_share: float = 0.65  # ... but most steps from onset to end must be flagged
     min_gap_s: float = 1e-3
     late_min_count: int = 3
     late_max_period: int = 10
@@ -99,6 +105,9 @@ class StragglerDetector:
         if onset is None:
             return None
         flagged = rows[flag & rows.step.between(onset, last)]
+        observed = int(rows.step.between(onset, last).sum())
+        if not periodic and len(flagged) < self.cfg.min_flagged_share * observed:
+            return None  # scattered flags merged across noisy gaps: not a persistent state
         level = float(score[flag & rows.step.between(onset, last)].median())
         return Episode(int(onset), int(last), level, flagged, [r for r in found if r[1] >= onset])
 
@@ -106,8 +115,8 @@ class StragglerDetector:
                sigma: float, run_last: int, after_flag: pd.Series | None = None, lookahead: int = 4) -> int | None:
         """The step where the rank's level shifted: among the flagged steps up to `lookahead` after the
         first, the one with the largest shift (median after - median before; ties: the earliest), at
-        least `z_shift` sigma; the onset is the first step of the contiguous stretch around it past 3/4
-        of that shift. "After" spans at least 2 x persist_steps (or to the end of the run): a
+        least `z_shift` sigma; the onset is the first step of the contiguous stretch around it past
+        ONSET_SHARE of that shift. "After" spans at least 2 x persist_steps (or to the end of the run): a
         straggler is a state that lasts, a burst of scheduler noise is not. No history before (slow
         from the start): the level must reach `z_start`."""
         cfg = self.cfg
@@ -121,9 +130,8 @@ class StragglerDetector:
                 shifts[k] = float(after.median()) - float(before.median())
         if shifts and max(shifts.values()) >= cfg.z_shift * sigma:
             best = max(shifts, key=lambda k: (shifts[k], -k))
-            # extend the onset back over the contiguous steps already at the new level (past 3/4 of
-            # the shift): a step only partly slowed, or a noisy one just before, is not the onset
-            level = float(x[ok & (steps < best)].median()) + 0.75 * shifts[best]
+            # the stretch around the best split already at the new level (past ONSET_SHARE of the shift)
+            level = float(x[ok & (steps < best)].median()) + ONSET_SHARE * shifts[best]
             high = sorted(int(k) for k in steps[ok & (x >= level) & (flag if after_flag is not None else True)])
             later = [k for k in high if k >= best]
             if not later:

@@ -130,7 +130,9 @@ class FlapDetector:
                            f"{degraded}/{n_steps} steps; check that link's cabling, NIC and switch port.",
                            evidence | {"cause": "slow_comm"})
         last_step = int(bounds.index.max())
-        one_recovered = len(episodes) == 1 and episodes[0][2] >= 2 and episodes[0][1] < last_step
+        # a p2p link may flap once and recover; a collective group's end times also hold its members'
+        # late waits on async ops, so one episode there is not evidence enough
+        one_recovered = len(episodes) == 1 and episodes[0][2] >= 2 and episodes[0][1] < last_step and group == "pp"
         if len(episodes) < c.min_episodes and not one_recovered:
             return None
         evidence["episodes"] = [

@@ -44,6 +44,8 @@ def read_inflight(path: Path, warnings: list[str]) -> dict[int, dict]:
     for f in sorted(folder.glob("rank=*.json")):
         try:
             rec = _flatten(json.loads(f.read_text()))
+            if rec.get("state") == "resolved":  # the wait ended: this rank is not stuck
+                continue
             records[int(rec["rank"])] = rec
         except (ValueError, KeyError, TypeError) as exc:
             warnings.append(f"skipped unreadable in-flight record {f.name}: {exc}")

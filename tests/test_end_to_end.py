@@ -18,8 +18,8 @@ def megascope(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def straggler_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("e2e") / "run"
-    proc = megascope("train", "--preset", "tiny", "--dp", "2", "--pp", "2", "--steps", "12",
-                     "--run-dir", str(run), "--inject", "straggler:rank=1,slowdown=3,from=4")
+    proc = megascope("train", "--preset", "tiny", "--dp", "2", "--pp", "2", "--steps", "16",
+                     "--run-dir", str(run), "--inject", "straggler:rank=1,slowdown=3,from=5")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return run, proc.stdout
 
@@ -27,8 +27,8 @@ def straggler_run(tmp_path_factory):
 def test_train_prints_progress_and_writes_the_run_directory(straggler_run):
     run, stdout = straggler_run
     lines = [ln for ln in stdout.splitlines() if ln.startswith("step ")]
-    assert len(lines) == 12 and "mfu(%)" in lines[0] and "tokens/s" in lines[0]
-    assert "done: 12 steps" in stdout
+    assert len(lines) == 16 and "mfu(%)" in lines[0] and "tokens/s" in lines[0]
+    assert "done: 16 steps" in stdout
     manifest = json.loads((run / "run.json").read_text())
     assert manifest["topology"]["world"] == 4 and manifest["schedule"] == "1f1b"
     assert manifest["peak_flops"]["source"].startswith("measured:gemm")
@@ -36,7 +36,7 @@ def test_train_prints_progress_and_writes_the_run_directory(straggler_run):
     steps = duckdb.sql(f"select rank, count(*) n, count(loss) filter (where not isnan(loss)) l "
                        f"from read_parquet('{run}/steps/*/*.parquet', hive_partitioning=false) "
                        f"group by rank order by rank").fetchall()
-    assert [(r, n) for r, n, _ in steps] == [(r, 12) for r in range(4)]
+    assert [(r, n) for r, n, _ in steps] == [(r, 16) for r in range(4)]
     names = {n for (n,) in duckdb.sql(f"select distinct name from read_parquet("
                                       f"'{run}/events/*/*.parquet', hive_partitioning=false)").fetchall()}
     assert {"forward", "backward", "send_forward", "recv_forward", "send_backward", "recv_backward",
@@ -48,11 +48,11 @@ def test_analyze_names_the_injected_straggler_not_its_victims(straggler_run):
     proc = megascope("analyze", str(run), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
-    assert report["mfu"]["mean"] > 0 and len(report["mfu"]["per_step"]) == 12
+    assert report["mfu"]["mean"] > 0 and len(report["mfu"]["per_step"]) == 16
     stragglers = [f for f in report["findings"] if f["kind"] == "straggler"]
     assert stragglers, report["findings"]
     assert stragglers[0]["ranks"] == [1]
-    assert 4 <= stragglers[0]["steps"][0] <= 7  # onset within 3 steps of the injection
+    assert 4 <= stragglers[0]["steps"][0] <= 8  # onset within 3 steps of the injection (one early allowed)
 
 
 def test_export_writes_a_perfetto_trace(straggler_run, tmp_path):

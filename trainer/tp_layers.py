@@ -36,16 +36,23 @@ def _replicated(param: nn.Parameter, partial_grad: bool) -> nn.Parameter:
     return param
 
 
-class ColumnParallelLinear(nn.Module):
-    """Y_i = X W_i^T + b_i with W split by output rows. The input enters the tensor-parallel region:
-    all-gathered along the sequence under sequence parallelism, else copied (all-reduce in backward).
-    The output stays split along its last dim (no gather)."""
+class _ParallelLinear(nn.Module):
+    """A linear layer holding this rank's shard of the weight (and its bias, sharded or not)."""
 
     def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, group: object,
                  sequence_parallel: bool) -> None:
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
         self.weight, self.bias = weight, bias
+
+    def extra_repr(self) -> str:
+        return f"shard={tuple(self.weight.shape)}, sequence_parallel={self.sequence_parallel}"
+
+
+class ColumnParallelLinear(_ParallelLinear):
+    """Y_i = X W_i^T + b_i with W split by output rows. The input enters the tensor-parallel region:
+    all-gathered along the sequence under sequence parallelism, else copied (all-reduce in backward).
+    The output stays split along its last dim (no gather)."""
 
     @classmethod
     def from_full(cls, full: nn.Linear, group: object, sequence_parallel: bool,
@@ -65,20 +72,12 @@ class ColumnParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self._enter(x), self.weight, self.bias)
 
-    def extra_repr(self) -> str:
-        return f"shard={tuple(self.weight.shape)}, sequence_parallel={self.sequence_parallel}"
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(_ParallelLinear):
     """Y = sum_i X_i W_i^T + b with W split by input columns; the input is already split (it is a
     column-parallel output). The partial sums are reduce-scattered along the sequence under sequence
     parallelism, else all-reduced; the replicated bias is added after the reduction (once)."""
-
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, group: object,
-                 sequence_parallel: bool) -> None:
-        super().__init__()
-        self.group, self.sequence_parallel = group, sequence_parallel
-        self.weight, self.bias = weight, bias
 
     @classmethod
     def from_full(cls, full: nn.Linear, group: object, sequence_parallel: bool,
@@ -94,9 +93,6 @@ class RowParallelLinear(nn.Module):
         else:
             out = tp_comm.reduce_from_tp(partial, self.group)
         return out + self.bias if self.bias is not None else out
-
-    def extra_repr(self) -> str:
-        return f"shard={tuple(self.weight.shape)}, sequence_parallel={self.sequence_parallel}"
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -38,6 +38,7 @@ slowed, or a noisy one just before, is not yet the new level (the error is late 
 @dataclass
 class StragglerConfig:
     min_ratio: float = 1.03
+    gross_ratio: float = 2.0
     z_flag: float = 2.0
     z_shift: float = 1.3
     z_start: float = 3.5
@@ -89,7 +90,9 @@ class StragglerDetector:
         cfg = self.cfg
         x = rows[f"x_{measure}"]
         extra_ok = rows[measure] - rows[f"ref_{measure}"] >= cfg.min_excess_frac * rows.step_time_s
-        threshold = max(math.log(cfg.min_ratio), (z_flag or cfg.z_flag) * sigma)
+        # a rank twice as slow as its peers is flagged however noisy the run (the shift and
+        # persistence tests still apply): noise must not hide a gross straggler
+        threshold = max(math.log(cfg.min_ratio), min((z_flag or cfg.z_flag) * sigma, math.log(cfg.gross_ratio)))
         return self.stretch(rows, x, threshold, extra_ok, sigma, max_gap, min_count, periodic=max_gap > 3)
 
     def stretch(self, rows: pd.DataFrame, score: pd.Series, threshold: float, extra_ok: pd.Series, sigma: float,
@@ -133,10 +136,13 @@ class StragglerDetector:
             # the stretch around the best split already at the new level (past ONSET_SHARE of the shift)
             level = float(x[ok & (steps < best)].median()) + ONSET_SHARE * shifts[best]
             high = sorted(int(k) for k in steps[ok & (x >= level) & (flag if after_flag is not None else True)])
-            later = [k for k in high if k >= best]
+            step_gap = self.cfg.late_max_period if after_flag is not None else 1
+            # a lone step at the new level followed by one back at the old is a spike, not the onset
+            flagged = set(int(k) for k in steps[flag & ok])
+            later = [k for k in high if k >= best and (step_gap > 1 or k + 1 in flagged or k == int(steps.max()))]
             if not later:
                 return best
-            onset, step_gap = later[0], self.cfg.late_max_period if after_flag is not None else 1
+            onset = later[0]
             for k in reversed([k for k in high if k < onset]):  # back over the stretch at the new level
                 if onset - k > step_gap:
                     break
@@ -156,7 +162,7 @@ class StragglerDetector:
     def _slow_compute(self, store: Store, scores: pd.DataFrame, sigma: float) -> list[Finding]:
         cfg = self.cfg
         out = []
-        flag = scores.x_work_s >= max(math.log(cfg.min_ratio), cfg.z_flag * sigma)
+        flag = scores.x_work_s >= max(math.log(cfg.min_ratio), min(cfg.z_flag * sigma, math.log(cfg.gross_ratio)))
         for rank, rows in self._candidates(scores, flag, cfg.persist_steps).groupby("rank"):
             ep = self.episode(rows, "work_s", sigma, max_gap=cfg.max_gap, min_count=cfg.persist_steps)
             if ep is None:
@@ -184,7 +190,7 @@ class StragglerDetector:
         out = []
         own_sigma = noise_sigma(scores, "x_own_s")
         gap_sigma = noise_sigma(scores.assign(g=scores.gap_s - scores.ref_gap_s), "g", floor=1e-5)
-        flag = (scores.x_own_s >= max(math.log(cfg.min_ratio), cfg.z_late * own_sigma)) | \
+        flag = (scores.x_own_s >= max(math.log(cfg.min_ratio), min(cfg.z_late * own_sigma, math.log(cfg.gross_ratio)))) | \
                (scores.gap_s - scores.ref_gap_s >= max(cfg.min_gap_s, cfg.z_gap * gap_sigma))
         for rank, rows in self._candidates(scores, flag, cfg.late_min_count).groupby("rank"):
             if rank in stragglers:

@@ -10,41 +10,30 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.distributed import run_distributed  # noqa: E402
 
 
-def _rank(rank: int, world: int, port: int, method: str, dims_tuple: tuple[int, int, int], queue) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def _group_time(rank: int, world: int, method: str, dims_tuple: tuple[int, int, int]) -> float:
     from megascope.trainer.parallel_dims import ParallelDims
 
     dims = ParallelDims(*dims_tuple)
     t0 = time.perf_counter()
     dims.build_groups(method)
-    queue.put(time.perf_counter() - t0)
+    elapsed = time.perf_counter() - t0
     dist.barrier()
-    dist.destroy_process_group()
+    return elapsed
 
 
 def measure(method: str, world: int, layout: tuple[int, int, int]) -> float:
     """Seconds until the slowest rank has its groups."""
-    from megascope.trainer.launch import _free_port
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, method, layout, queue)) for r in range(world)]
-    for p in procs:
-        p.start()
-    times = [queue.get(timeout=300) for _ in range(world)]
-    for p in procs:
-        p.join()
-    return max(times)
+    return max(run_distributed(_group_time, world, method, layout))
 
 
 def main() -> None:

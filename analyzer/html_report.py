@@ -42,6 +42,8 @@ def write_html(run: "Run", report: dict, path: str | Path) -> Path:
         f"<td>{f['severity']:.2f}</td><td>{html.escape(', '.join(map(str, f['ranks'][:16])))}</td>"
         f"<td>{html.escape(f['summary'])}</td></tr>" for f in report["findings"]) or \
         "<tr><td colspan=5>No findings.</td></tr>"
+    robust = "".join(f"<li>{html.escape(line)}</li>" for line in report.get("robustness", {}).get("summary", []))
+    robust = f"<h2>Incidents and restarts</h2><ul>{robust}</ul>" if robust else ""
     figs = _figures(run, report)
     plots = "".join(pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figs))
     r = report["run"]
@@ -52,6 +54,7 @@ def write_html(run: "Run", report: dict, path: str | Path) -> Path:
 <p>{html.escape(str(r['path']))}: {r['world']} ranks (dp={r['dp']} tp={r['tp']} pp={r['pp']} vpp={r['vpp']}), {r['steps']} steps,
 mean MFU {'n/a' if mean is None else f'{100 * mean:.1f}%'}.</p>
 <h2>Findings</h2><table><tr><th>kind</th><th>steps</th><th>severity</th><th>ranks</th><th>summary</th></tr>{rows}</table>
+{robust}
 <h2>Plots</h2>{plots}
 {''.join(f'<p>warning: {html.escape(w)}</p>' for w in report['warnings'])}
 </body></html>"""

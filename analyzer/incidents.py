@@ -3,6 +3,7 @@ stalled ranks, failed self-checks), the elastic restarts, and when training resu
 
     from megascope.analyzer.incidents import read_incidents, recovery_times
     read_incidents("runs/x")      # DataFrame: time, kind, attempt, ranks, hosts, detail, action
+    Run.open("runs/x").incidents()  # the same through the facade
 """
 
 from __future__ import annotations
@@ -51,9 +52,8 @@ def recovery_times(incidents: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["attempt", "failure", "ranks", "resumed_step", "recovery_s"])
 
 
-def summarize(run_dir: str | Path) -> list[str]:
-    """Lines for the text report: each incident in words, then the recovery times."""
-    df = read_incidents(run_dir)
+def summarize(df: pd.DataFrame) -> list[str]:
+    """Lines for the text report: each incident (from read_incidents) in words, then the recovery times."""
     lines = [f"{row.kind}: {row.detail}" + (f" -> {row.action}" if isinstance(row.action, str) else "")
              for row in df.itertuples()]
     for row in recovery_times(df).itertuples():

@@ -39,8 +39,20 @@ def build_report(run: "Run", with_what_if: bool = True) -> dict:
                 "mean_tokens_per_s": _num(float(mfu.per_step.tokens_per_s.mean()) if per_step else float("nan"), 1),
                 "per_step": per_step},
         "findings": out_findings,
+        "robustness": _robustness(run),
         "warnings": list(run.warnings),
     }
+
+
+def _robustness(run: "Run") -> dict:
+    """Incidents, restarts and self-checks of a run trained with [robust] (empty lists otherwise)."""
+    from megascope.analyzer import incidents, self_checks
+    df = run.incidents()
+    records = run.self_checks()
+    return {"incidents": json_safe(df.to_dict("records")),
+            "recovery": json_safe(run.recovery_times().to_dict("records")),
+            "self_checks": json_safe(records),
+            "summary": incidents.summarize(df) + self_checks.summarize(records)}
 
 
 def render_text(report: dict) -> str:
@@ -61,6 +73,11 @@ def render_text(report: dict) -> str:
             lines.append(f"  {i}. [{f['kind']}, {steps}, severity {f['severity']:.2f}]{lost} {f['summary']}")
     else:
         lines.append("Findings: none (no stragglers, late launches, imbalance, link problems or hangs detected).")
+    robust = report.get("robustness", {}).get("summary") or []
+    if robust:
+        lines.append("")
+        lines.append("Incidents, restarts and self-checks:")
+        lines += [f"  - {line}" for line in robust]
     lines.append("")
     m = report["mfu"]
     if m["per_step"]:

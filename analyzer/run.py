@@ -19,6 +19,8 @@ from megascope.analyzer.explain import drop_explained
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.flaps import FlapDetector
 from megascope.analyzer.hangs import HangReport, find_hang
+from megascope.analyzer.incidents import read_incidents, recovery_times
+from megascope.analyzer.self_checks import read_self_checks
 from megascope.analyzer.heatmap import Heatmap, heatmap
 from megascope.analyzer.mfu import MfuTimeline, mfu_timeline
 from megascope.analyzer.step_graph import build_step_graph, dependency_edges, events_window
@@ -106,6 +108,30 @@ class Run:
 
     def gpu(self) -> pd.DataFrame:
         return self.store.query("SELECT * FROM gpu ORDER BY rank, ts_ns")
+
+    # ---- robust training: what the supervisor saw and the self-checks before restarts -----------
+    def incidents(self) -> pd.DataFrame:
+        """time, kind (dead_rank, silent_rank, stall, restart, resumed, ...), attempt, ranks, hosts,
+        step, detail, action; empty when the run had none. Re-read on each call (live runs append)."""
+        found: list[str] = []
+        df = read_incidents(self.path, found)
+        self._keep_warnings(found)
+        return df
+
+    def recovery_times(self) -> pd.DataFrame:
+        """Per restart: attempt, failure, ranks, resumed_step, recovery_s (failure to resumed training)."""
+        return recovery_times(self.incidents())
+
+    def self_checks(self) -> list[dict[str, Any]]:
+        """Each restart's self-check record (per-rank GEMM and link speeds, flagged ranks, decision)."""
+        found: list[str] = []
+        records = read_self_checks(self.path, found)
+        self._keep_warnings(found)
+        return records
+
+    def _keep_warnings(self, found: list[str]) -> None:
+        # readers run again on every refresh; each warning is reported once
+        self.warnings.extend(w for w in found if w not in self.warnings)
 
     # ---- events and the dependency graph ------------------------------------------------------
     def events(self, steps: tuple[int, int], ranks: list[int] | None = None, limit: int = 200_000) -> pd.DataFrame:

@@ -37,10 +37,10 @@ def self_check_ranks(record: dict[str, Any]) -> pd.DataFrame:
         columns=["rank", "host", "gemm_tflops", "flagged"])
 
 
-def summarize(run_dir: str | Path) -> list[str]:
-    """Lines for the text report, one per self-check."""
+def summarize(records: list[dict[str, Any]]) -> list[str]:
+    """Lines for the text report, one per self-check record (from read_self_checks)."""
     lines = []
-    for rec in read_self_checks(run_dir):
+    for rec in records:
         d = rec.get("decision", {})
         flagged = rec.get("flagged_ranks", [])
         lines.append(f"self-check before attempt {rec.get('attempt')}: "

@@ -18,7 +18,7 @@ def test_incidents_and_recovery_time(tmp_path):
     rec = incidents.recovery_times(df)
     assert rec.to_dict("records") == [{"attempt": 1, "failure": "dead_rank", "ranks": [1], "resumed_step": 4,
                                        "recovery_s": 7.5}]
-    assert incidents.summarize(tmp_path)[-1] == "attempt 1: training resumed 7.5 s after the dead_rank"
+    assert incidents.summarize(df)[-1] == "attempt 1: training resumed 7.5 s after the dead_rank"
     assert incidents.read_incidents(tmp_path / "none").empty
 
 
@@ -31,4 +31,51 @@ def test_self_check_records(tmp_path):
     records = self_checks.read_self_checks(tmp_path)
     ranks = self_checks.self_check_ranks(records[0])
     assert ranks.flagged.tolist() == [False, True] and ranks.host.tolist() == ["a", "b"]
-    assert "ranks [1] (hosts ['b'])" in self_checks.summarize(tmp_path)[0]
+    assert "ranks [1] (hosts ['b'])" in self_checks.summarize(records)[0]
+
+
+def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path):
+    from megascope.analyzer import Run
+    from megascope.analyzer.html_report import write_html
+    from megascope.analyzer.report import render_text
+    from megascope.samples.simulator import SimConfig, simulate
+
+    run_dir = simulate(tmp_path / "run", SimConfig(dp=2, tp=1, pp=1, steps=4))
+    lines = [{"time": 10.0, "kind": "stall", "attempt": 0, "ranks": [1], "detail": "rank 1 stalled 5 s in all_reduce",
+              "action": "restart"},
+             {"time": 22.0, "kind": "resumed", "attempt": 1, "step": 2, "detail": "step 2 done"}]
+    (run_dir / "incidents.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\nnot json\n")
+    (run_dir / "self_check").mkdir()
+    (run_dir / "self_check" / "attempt-01.json").write_text(json.dumps({
+        "attempt": 1, "hosts": ["a", "a"], "flagged_ranks": [], "flagged_hosts": [], "enforced": False,
+        "ranks": {"0": {"gemm_tflops": 1.0}, "1": {"gemm_tflops": 1.1}},
+        "decision": {"action": "continue", "reason": "no rank below its peers"}}))
+
+    run = Run.open(run_dir)
+    assert list(run.incidents().kind) == ["stall", "resumed"]
+    assert run.recovery_times().recovery_s.tolist() == [12.0]
+    assert run.self_checks()[0]["decision"]["action"] == "continue"
+    run.incidents()
+    assert sum("incidents.jsonl line 3" in w for w in run.warnings) == 1   # once, however often read
+
+    report = run.report(with_what_if=False)
+    robust = report["robustness"]
+    assert [i["kind"] for i in robust["incidents"]] == ["stall", "resumed"]
+    assert robust["recovery"][0]["recovery_s"] == 12.0 and robust["self_checks"][0]["attempt"] == 1
+    json.dumps(report, allow_nan=False)
+    text = render_text(report)
+    assert "Incidents, restarts and self-checks:" in text
+    assert "attempt 1: training resumed 12.0 s after the stall" in text
+    assert "decision continue" in text
+    page = write_html(run, report, tmp_path / "r.html").read_text()
+    assert "Incidents and restarts" in page and "rank 1 stalled 5 s" in page
+
+
+def test_report_of_a_run_without_incidents_has_empty_robustness(tmp_path):
+    from megascope.analyzer import Run
+    from megascope.analyzer.report import render_text
+    from megascope.samples.simulator import SimConfig, simulate
+
+    report = Run.open(simulate(tmp_path / "run", SimConfig(dp=2, tp=1, pp=1, steps=3))).report(with_what_if=False)
+    assert report["robustness"] == {"incidents": [], "recovery": [], "self_checks": [], "summary": []}
+    assert "Incidents" not in render_text(report)

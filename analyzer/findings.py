@@ -5,15 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-KINDS = ("straggler", "late_launch", "stage_imbalance", "network_flap", "slow_link", "hang")
+KINDS = ("straggler", "late_launch", "stage_imbalance", "network_flap", "slow_link", "hang", "workload_imbalance")
 
 
 @dataclass
 class Finding:
     kind: str
-    """straggler | late_launch | stage_imbalance | network_flap | slow_link | hang"""
+    """straggler | late_launch | stage_imbalance | network_flap | slow_link | hang | workload_imbalance"""
     ranks: list[int]
-    """The culprit rank(s) (for a link: its two ends; for imbalance: the stage's ranks)."""
+    """The culprit rank(s) (for a link: its two ends; for imbalance: the stage's ranks; for
+    workload imbalance: every rank of the replicas)."""
     hosts: list[str]
     steps: tuple[int, int]
     """[first, last] affected step; first is the onset."""

@@ -26,7 +26,9 @@ from megascope.analyzer.mfu import MfuTimeline, mfu_timeline
 from megascope.analyzer.step_graph import build_step_graph, dependency_edges, events_window
 from megascope.analyzer.store import Store, load_sql
 from megascope.analyzer.stragglers import StragglerDetector
+from megascope.analyzer.summary_cache import SummaryState, ensure_summary
 from megascope.analyzer.what_if import what_if
+from megascope.analyzer.workload_imbalance import WorkloadImbalanceDetector
 
 
 class Detector(Protocol):
@@ -40,11 +42,13 @@ class Run:
     def __init__(self, store: Store, detectors: Sequence[Detector] | None = None,
                  progress: Progress | None = None) -> None:
         self.store = store
-        self.detectors = list(detectors) if detectors is not None else [StragglerDetector(), FlapDetector()]
+        self.detectors = list(detectors) if detectors is not None else [StragglerDetector(), FlapDetector(),
+                                                                           WorkloadImbalanceDetector()]
         self.progress = progress or (lambda label, done, total: None)
         self._built: set[str] = set()
         self._findings: list[Finding] | None = None
         self._hang: HangReport | None | bool = False
+        self.summary: SummaryState | None = None  # how the persisted rank-step summary was obtained
 
     @classmethod
     def open(cls, path: str | Path, detectors: Sequence[Detector] | None = None,
@@ -75,6 +79,9 @@ class Run:
             return
         if name == "rank_step":  # one event pass builds rank_step and collective_instances together
             build_event_pass(self.store, self.progress)
+        elif name == "summary":  # rank_step + late arrivals, persisted in RUN/analysis (summary_cache.py)
+            self.summary = ensure_summary(self.store, lambda: self._ensure("collectives"),
+                                          tables_built="collectives" in self._built, progress=self.progress)
         elif name == "collectives":
             self._ensure("rank_step")
             self.store.execute("CREATE OR REPLACE TEMP TABLE late_arrivals AS " +
@@ -101,9 +108,7 @@ class Run:
         return self.store.query(load_sql("breakdown"), {"first": int(first), "last": int(last)})
 
     def heatmap(self, metric: str, group_by: str = "rank", max_rows: int = 512, max_cols: int = 500) -> Heatmap:
-        self._ensure("rank_step")
-        if metric == "lateness":
-            self._ensure("collectives")
+        self._ensure("summary")
         return heatmap(self.store, metric, group_by, max_rows, max_cols)
 
     def gpu(self) -> pd.DataFrame:
@@ -171,7 +176,8 @@ class Run:
             out.insert(0, hang.to_finding(self.topology, len(self.topology)))
         self._add_arrival_evidence(out)
         self.progress("detecting", total, total)
-        order = {"hang": 0, "straggler": 1, "late_launch": 2, "network_flap": 3, "slow_link": 4, "stage_imbalance": 5}
+        order = {"hang": 0, "straggler": 1, "late_launch": 2, "network_flap": 3, "slow_link": 4, "stage_imbalance": 5,
+                 "workload_imbalance": 6}
         self._findings = sorted(out, key=lambda f: (order.get(f.kind, 9), -f.severity))
         return self._findings
 

@@ -1,0 +1,165 @@
+"""Workload imbalance: the data-parallel replicas get uneven work, and a different replica is the
+slowest at each step (sequence lengths that vary from batch to batch: attention cost grows with the
+length, so a replica that draws the long sequences computes longer while the others wait at the
+gradient reduction). No rank is at fault, so the straggler detector must not blame one, and the cure
+is in the data pipeline (balanced or packed batches), not the hardware.
+
+Per step, each replica's compute is the mean over its ranks (every stage and tensor-parallel rank it
+has) of log(rank's forward+backward / the median of its stage at that step); stage differences and
+the job-wide step factor cancel. A step is flagged when the replicas' spread (slowest / fastest)
+is >= `min_spread` both as measured and after each rank's own running level (a rolling median over
+steps) is taken out: a persistent difference (a straggler, a slow host) is the straggler detector's,
+only the part that changes from step to step is workload. A finding needs flagged steps on
+>= `min_step_share` of the analyzed steps and no single replica slowest on more than `max_top_share`
+of them.
+
+Noise: a rank's own jitter (CPU contention, clock noise) also makes replicas differ per step, but it
+is not shared by the other ranks of the replica, while a workload change is (the same micro-batches
+flow through every stage and tensor-parallel rank of a replica). The within-replica disagreement
+gives the noise of one rank; the spread must exceed `z_noise` times the noise of a replica mean. A
+replica of one rank (pure data parallelism) gives no such reference: the detector then abstains,
+as it cannot tell sequence-length imbalance from per-rank jitter at step granularity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from megascope.analyzer.findings import Finding, hosts_of, rank_list
+from megascope.analyzer.peer_stats import warmup_steps
+from megascope.analyzer.store import Store
+
+
+@dataclass
+class WorkloadImbalanceConfig:
+    min_spread: float = 1.10
+    """Slowest / fastest replica compute on a flagged step."""
+    min_step_share: float = 0.5
+    """Flagged steps over analyzed steps."""
+    max_top_share: float = 0.8
+    """The most frequent slowest replica may be the slowest on at most this share of flagged steps."""
+    z_noise: float = 5.0
+    """The spread must exceed this many sd of a replica mean's noise (from within-replica disagreement)."""
+    min_steps: int = 6
+    level_window: int = 5
+    """Steps in the rolling median that is each rank's own level (a persistent slowdown)."""
+
+
+class WorkloadImbalanceDetector:
+    """Run takes any object with `detect(store) -> list[Finding]`."""
+
+    def __init__(self, config: WorkloadImbalanceConfig | None = None) -> None:
+        self.cfg = config or WorkloadImbalanceConfig()
+
+    def detect(self, store: Store) -> list[Finding]:
+        scores = compute_per_rank_step(store)
+        if scores.empty or scores.dp.nunique() < 2:
+            return []
+        stats = replica_spread(scores, self.cfg.level_window)
+        if stats is None or stats.steps.step.nunique() < self.cfg.min_steps:
+            return []
+        finding = self._judge(store, scores, stats)
+        return [finding] if finding is not None else []
+
+    def _judge(self, store: Store, scores: pd.DataFrame, st: "SpreadStats") -> Finding | None:
+        cfg = self.cfg
+        if st.ranks_per_replica < 2:
+            return None  # one rank per replica: per-rank jitter and workload look the same
+        threshold = max(math.log(cfg.min_spread), cfg.z_noise * st.rank_sigma / math.sqrt(st.ranks_per_replica))
+        steps = st.steps
+        flag = (steps.spread >= threshold) & (steps.spread_own >= threshold)
+        flagged = steps[flag]
+        if len(flagged) < cfg.min_step_share * len(steps) or len(flagged) < 2:
+            return None
+        top = flagged.slowest.value_counts()
+        top_share = float(top.iloc[0]) / len(flagged)
+        if top_share > cfg.max_top_share or len(top) < 2:
+            return None  # one replica slowest nearly always: persistent, the straggler detector's case
+        ratio = math.exp(float(flagged.spread.median()))
+        first, last = int(flagged.step.min()), int(flagged.step.max())
+        ranks = sorted(int(r) for r in scores["rank"].unique())
+        lost = float((flagged.lost_s / flagged.step_time_s.where(flagged.step_time_s > 0)).median())
+        replicas = [int(d) for d in top.index]
+        return Finding(
+            kind="workload_imbalance", ranks=ranks, hosts=hosts_of(store.topology, ranks),
+            steps=(first, last), severity=ratio,
+            summary=(f"The data-parallel replicas' compute differs by {100 * (ratio - 1):.0f}% on "
+                     f"{len(flagged)} of {len(steps)} steps and a different replica is the slowest each time "
+                     f"(replicas {rank_list(replicas)} in turn): uneven work per batch, not a slow rank; "
+                     f"balance sequence lengths across data-parallel replicas (length-grouped batches or "
+                     f"sequence packing)."),
+            evidence={"cause": "workload_imbalance", "spread_median": round(ratio, 4),
+                      "spread_max": round(math.exp(float(flagged.spread.max())), 4),
+                      "flagged_steps": int(len(flagged)), "analyzed_steps": int(len(steps)),
+                      "slowest_replica_counts": {str(int(d)): int(n) for d, n in top.items()},
+                      "top_replica_share": round(top_share, 4), "replicas": int(st.replicas),
+                      "ranks_per_replica": round(st.ranks_per_replica, 2),
+                      "rank_noise_sigma": round(st.rank_sigma, 4), "threshold": round(math.exp(threshold), 4),
+                      "est_throughput_lost": round(lost, 4) if lost == lost else None})
+
+
+def compute_per_rank_step(store: Store, warmup_factor: float = 2.0) -> pd.DataFrame:
+    """rank, step, pp, dp, work_s (own forward + backward), step_time_s; warm-up steps dropped as the
+    straggler detector drops them."""
+    rs = store.query("""SELECT rank, step, pp, dp, forward_s + backward_s AS work_s, step_time_s
+                        FROM rank_step WHERE step_time_s > 0""")
+    if rs.empty:
+        return rs
+    return rs[~rs.step.isin(warmup_steps(rs, warmup_factor))].reset_index(drop=True)
+
+
+@dataclass
+class SpreadStats:
+    steps: pd.DataFrame
+    """step, spread (log slowest/fastest replica), spread_own (the same after each rank's own level is
+    taken out), slowest (dp of the slowest replica), lost_s (slowest replica's mean rank compute - the
+    replicas' mean), step_time_s (median over ranks)."""
+    rank_sigma: float
+    """Noise of one rank's score: robust sd of its disagreement with its replica's mean."""
+    ranks_per_replica: float
+    replicas: int
+
+
+def replica_spread(scores: pd.DataFrame, level_window: int) -> SpreadStats | None:
+    """Per step: how far apart the data-parallel replicas' compute is (see the module docstring)."""
+    df = scores[["rank", "step", "pp", "dp", "work_s", "step_time_s"]].copy()
+    df = df[df.work_s > 0]
+    if df.empty:
+        return None
+    stage_med = df.groupby(["step", "pp"]).work_s.transform("median")
+    df["z"] = np.log(df.work_s / stage_med)
+    df = df.sort_values(["rank", "step"])
+    level = (df.groupby("rank").z.rolling(level_window, center=True, min_periods=1).median()
+             .reset_index(level=0, drop=True))
+    df["z_own"] = df.z - level
+    rep = df.groupby(["step", "dp"]).agg(y=("z", "mean"), y_own=("z_own", "mean"), n=("z", "size"),
+                                         work=("work_s", "mean"), step_time=("step_time_s", "median"))
+    rep = rep.reset_index()
+    # disagreement of each rank with its replica's mean (after its own level): per-rank noise
+    df = df.join(rep.set_index(["step", "dp"])[["y_own", "n"]], on=["step", "dp"])
+    multi = df[df.n >= 2]
+    k = float(rep.n.median())
+    if multi.empty:
+        sigma = float("nan")
+    else:
+        e = multi.z_own - multi.y_own
+        shrink = np.sqrt(1 - 1 / multi.n)  # a member's residual from a mean it is part of
+        e = e / shrink
+        sigma = max(1e-3, 1.4826 * float((e - e.median()).abs().median()))
+    rep = rep[rep.groupby("step").dp.transform("size") >= 2]
+    if rep.empty:
+        return None
+    g = rep.groupby("step")
+    slowest = rep.loc[g.y.idxmax(), ["step", "dp"]].set_index("step").dp
+    steps = pd.DataFrame({
+        "spread": g.y.max() - g.y.min(),
+        "spread_own": g.y_own.max() - g.y_own.min(),
+        "slowest": slowest,
+        "lost_s": g.work.max() - g.work.mean(),
+        "step_time_s": g.step_time.median(),
+    }).reset_index()
+    return SpreadStats(steps=steps, rank_sigma=sigma, ranks_per_replica=k, replicas=int(rep.dp.nunique()))

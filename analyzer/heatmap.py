@@ -1,5 +1,8 @@
 """Heatmaps (rows x steps) of a per-rank-step metric, aggregated and downsampled in DuckDB so a
-12,288-rank x 1,000-step run comes back as at most max_rows x max_cols numbers."""
+12,288-rank x 1,000-step run comes back as at most max_rows x max_cols numbers.
+
+Reads the per-rank-step summary (summary_cache.py: rank_step + late arrivals, persisted in the run
+directory), so a heatmap of a big run does not rescan its events."""
 
 from __future__ import annotations
 
@@ -8,9 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from megascope.analyzer.store import Store, load_sql
+from megascope.analyzer.summary_cache import SUMMARY_VIEW
 
 METRICS = {
-    # name: (SQL over rank_step + late arrivals, unit, aggregate that keeps the bad cells visible)
+    # name: (SQL over the rank-step summary, unit, aggregate that keeps the bad cells visible)
     "compute": ("forward_s + backward_s", "s", "max"),
     "forward": ("forward_s", "s", "max"),
     "backward": ("backward_s", "s", "max"),
@@ -35,7 +39,9 @@ class Heatmap:
     """rows x cols, NaN where there is no data."""
 
 
-def heatmap(store: Store, metric: str, group_by: str = "rank", max_rows: int = 512, max_cols: int = 500) -> Heatmap:
+def heatmap(store: Store, metric: str, group_by: str = "rank", max_rows: int = 512, max_cols: int = 500,
+            source: str = SUMMARY_VIEW) -> Heatmap:
+    """`source`: a relation with rank_step's columns and lateness_s (the summary view)."""
     if metric not in METRICS:
         raise ValueError(f"unknown heatmap metric '{metric}'; choose one of {', '.join(METRICS)}")
     if group_by not in GROUPS:
@@ -46,12 +52,7 @@ def heatmap(store: Store, metric: str, group_by: str = "rank", max_rows: int = 5
     world = int(store.manifest["topology"].get("world") or len(store.topology))
     peak = float((store.manifest.get("peak_flops") or {}).get("per_device") or "nan")
     expr = expr.format(world=world, peak=peak if peak == peak else 1.0)
-    if metric == "lateness":
-        store.execute("""CREATE OR REPLACE TEMP VIEW _heatmap_source AS
-            SELECT rs.*, la.lateness_s FROM rank_step rs LEFT JOIN late_arrivals la USING (rank, step)""")
-    else:
-        store.execute("CREATE OR REPLACE TEMP VIEW _heatmap_source AS SELECT * FROM rank_step")
-    sql = load_sql("heatmap").format(metric_expr=expr, row_key=GROUPS[group_by], agg=agg,
+    sql = load_sql("heatmap").format(source=source, metric_expr=expr, row_key=GROUPS[group_by], agg=agg,
                                      max_rows=int(max_rows), max_cols=int(max_cols))
     df = store.query(sql)
     if df.empty:

@@ -1,12 +1,12 @@
 -- heatmap: a metric over (row group x step), aggregated and downsampled in DuckDB.
--- Formatted placeholders (validated in heatmap.py): {metric_expr}, {row_key}, {agg}, {max_rows}, {max_cols}.
+-- Formatted placeholders (validated in heatmap.py): {source} (the rank-step summary), {metric_expr}, {row_key}, {agg}, {max_rows}, {max_cols}.
 --   row_bucket BIGINT  -- 0..max_rows-1 (row groups folded into buckets when there are more)
 --   col_bucket BIGINT  -- 0..max_cols-1 (steps folded into buckets)
 --   row_label VARCHAR  -- first group key of the bucket (and the last when it holds several)
 --   first_step BIGINT  -- first step of the column bucket
 --   value DOUBLE       -- {agg} of the metric over the bucket (max for times: a straggler stays visible)
 WITH _cells AS (
-    SELECT {row_key} AS row_key, step, {metric_expr} AS v FROM _heatmap_source
+    SELECT {row_key} AS row_key, step, {metric_expr} AS v FROM {source}
 ), _rows AS (
     SELECT row_key, row_number() OVER (ORDER BY row_key) - 1 AS row_idx, count(*) OVER () AS n_rows
     FROM (SELECT DISTINCT row_key FROM _cells)

@@ -1,0 +1,132 @@
+"""The per-rank-step summary persisted in RUN/analysis (analyzer/summary_cache.py): reused when the
+segments are unchanged, extended when a live run adds segments, rebuilt otherwise; same numbers as
+a full build either way."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from megascope.analyzer import Run
+from megascope.analyzer import summary_cache
+from megascope.samples.simulator import SimConfig, simulate
+
+STEPS = 12
+
+
+def _split(run: Path, first_of_second: int, spill_rows: int = 0) -> Path:
+    """Move each rank's rows from step `first_of_second` on (and `spill_rows` rows before it, as a
+    flush mid-step does) out of seg-000000 into a held-back folder; returns that folder."""
+    held = run.parent / (run.name + "-later")
+    for table in ("events", "steps"):
+        for folder in sorted((run / table).iterdir()):
+            seg = folder / "seg-000000.parquet"
+            rows = pq.read_table(seg).to_pandas()
+            rows = rows.sort_values(["step", "start_ns"], kind="stable").reset_index(drop=True)
+            cut = int((rows.step < first_of_second).sum()) - (spill_rows if table == "events" else 0)
+            target = held / table / folder.name
+            target.mkdir(parents=True, exist_ok=True)
+            schema = pq.read_schema(seg)
+            pq.write_table(pa.Table.from_pandas(rows.iloc[cut:], schema=schema, preserve_index=False),
+                           target / "seg-000001.parquet")
+            pq.write_table(pa.Table.from_pandas(rows.iloc[:cut], schema=schema, preserve_index=False), seg)
+    return held
+
+
+def _release(run: Path, held: Path) -> None:
+    for table in ("events", "steps"):
+        for folder in (held / table).iterdir():
+            os.replace(folder / "seg-000001.parquet", run / table / folder.name / "seg-000001.parquet")
+
+
+def _summary(run: Run) -> pd.DataFrame:
+    run.heatmap("compute")
+    return run.store.query("SELECT * FROM rank_step_summary ORDER BY step, rank")
+
+
+@pytest.fixture()
+def sim(tmp_path) -> Path:
+    run = tmp_path / "sim"
+    simulate(run, SimConfig(dp=2, tp=1, pp=2, steps=STEPS, inject=["straggler:rank=1,slowdown=1.4,from=4"]))
+    return run
+
+
+def _fresh(run: Path, tmp_path: Path) -> pd.DataFrame:
+    """The summary of a full build over a copy of the run (no file to reuse)."""
+    copy = tmp_path / "full-copy"
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns(summary_cache.ANALYSIS_DIR))
+    r = Run.open(copy)
+    frame = _summary(r)
+    assert r.summary.how == "built"
+    return frame
+
+
+def test_built_once_then_reused(sim):
+    first = Run.open(sim)
+    a = _summary(first)
+    assert first.summary.how == "built" and (sim / "analysis" / "rank_step.parquet").is_file()
+    assert len(a) == 4 * STEPS and a.late_count.sum() > 0
+    again = Run.open(sim)
+    b = _summary(again)
+    assert again.summary.how == "reused"
+    pd.testing.assert_frame_equal(a, b)
+    assert "rank_step" not in again._built  # nothing scanned: the events were not read
+
+
+@pytest.mark.parametrize("spill_rows", [0, 3])
+def test_new_segments_extend_the_summary(sim, tmp_path, spill_rows):
+    held = _split(sim, 8, spill_rows)
+    early = Run.open(sim)
+    assert _summary(early).step.max() == 7
+    _release(sim, held)
+    live = Run.open(sim)
+    extended = _summary(live)
+    assert live.summary.how == "extended"
+    assert live.summary.rebuilt_from_step == (7 if spill_rows else 8)
+    pd.testing.assert_frame_equal(extended, _fresh(sim, tmp_path), check_dtype=False)
+    assert Run.open(sim).heatmap("lateness").values.size and len(extended) == 4 * STEPS
+
+
+def test_removed_segment_forces_a_rebuild(sim):
+    _summary(Run.open(sim))
+    (sim / "events" / "rank=00000" / "seg-000000.parquet").unlink()
+    run = Run.open(sim)
+    summary = _summary(run)
+    assert run.summary.how == "built"
+    assert (summary[summary["rank"] == 0].n_events == 0).all()
+
+
+def test_other_sql_forces_a_rebuild(sim, monkeypatch):
+    _summary(Run.open(sim))
+    monkeypatch.setattr(summary_cache, "_fingerprint", lambda store: "something else")
+    run = Run.open(sim)
+    _summary(run)
+    assert run.summary.how == "built"
+
+
+def test_unwritable_run_dir_keeps_the_summary_in_memory(sim, monkeypatch):
+    def refuse(*_args):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(summary_cache.os, "replace", refuse)
+    run = Run.open(sim)
+    summary = _summary(run)
+    assert run.summary.how == "memory" and len(summary) == 4 * STEPS
+    assert any("kept in memory" in w for w in run.warnings)
+    assert not (sim / "analysis" / "rank_step.parquet").exists()
+    assert not [p for p in (sim / "analysis").iterdir()]  # no temporary file left behind
+
+
+def test_findings_first_then_heatmap_writes_from_the_built_tables(sim):
+    run = Run.open(sim)
+    run.findings()
+    _summary(run)
+    assert run.summary.how == "built"
+    assert Run.open(sim).store.query("SELECT 1").size  # the file is readable by the next open
+    assert summary_cache.read_meta(sim / "analysis" / "rank_step.parquet")["timeline"] is True

@@ -27,7 +27,6 @@ from megascope.analyzer.step_graph import build_step_graph, dependency_edges, ev
 from megascope.analyzer.store import Store, load_sql
 from megascope.analyzer.stragglers import StragglerDetector
 from megascope.analyzer.summary_cache import SummaryState, ensure_summary
-from megascope.analyzer.summary_cache import SummaryState, ensure_summary
 from megascope.analyzer.what_if import what_if
 from megascope.analyzer.workload_imbalance import WorkloadImbalanceDetector
 
@@ -49,7 +48,6 @@ class Run:
         self._built: set[str] = set()
         self._findings: list[Finding] | None = None
         self._hang: HangReport | None | bool = False
-        self.summary: SummaryState | None = None  # how the persisted rank-step summary was obtained
         self.summary: SummaryState | None = None  # how the persisted rank-step summary was obtained
 
     @classmethod
@@ -81,9 +79,6 @@ class Run:
             return
         if name == "rank_step":  # one event pass builds rank_step and collective_instances together
             build_event_pass(self.store, self.progress)
-        elif name == "summary":  # rank_step + late arrivals, persisted in RUN/analysis (summary_cache.py)
-            self.summary = ensure_summary(self.store, lambda: self._ensure("collectives"),
-                                          tables_built="collectives" in self._built, progress=self.progress)
         elif name == "summary":  # rank_step + late arrivals, persisted in RUN/analysis (summary_cache.py)
             self.summary = ensure_summary(self.store, lambda: self._ensure("collectives"),
                                           tables_built="collectives" in self._built, progress=self.progress)

@@ -1,4 +1,5 @@
-"""End to end in headless Chromium: every page on a simulated run, heatmap click -> timeline, topology rank.
+"""End to end in headless Chromium: every page on a simulated run, heatmap click -> timeline, timeline
+event click -> its dependencies outlined, topology rank.
 
 Needs the system packages chromium and chromium-driver (and selenium); skipped cleanly without them.
 """
@@ -31,8 +32,19 @@ from tests.test_dashboard_callbacks import ONSET, STEPS, STRAGGLER, make_sample_
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    slow, clean = make_sample_runs(tmp_path_factory.mktemp("browser-runs"))
+def sample_runs(tmp_path_factory):
+    return make_sample_runs(tmp_path_factory.mktemp("browser-runs"))
+
+
+@pytest.fixture(scope="module")
+def runs_dir(sample_runs):
+    """The straggler run the site shows first."""
+    return sample_runs[0]
+
+
+@pytest.fixture(scope="module")
+def site(sample_runs, tmp_path_factory):
+    slow, clean = sample_runs
     server = serve_in_thread(create_app([slow, clean], refresh_s=3600))
     driver = chromium_driver(1400, 900, user_data_dir=tmp_path_factory.mktemp("chromium-profile"))
     yield server.url, driver
@@ -99,3 +111,62 @@ def test_topology_rank_selection_shows_its_position_and_peers(site):
     details = driver.find_element(By.ID, "topology-rank-details").text
     assert "rank 5 · pp1 dp0 tp1" in details
     assert "activations from (previous stage)" in details and "tp group" in details
+
+
+_BAR_OF_EVENT_JS = """
+const gd = document.querySelector('#timeline-graph .js-plotly-plot');
+const bars = gd._fullData.filter(t => t.type === 'bar' && t.visible !== false);
+for (let k = 0; k < bars.length; k++) {
+  const i = Array.from(bars[k].customdata || []).indexOf(arguments[0]);
+  if (i >= 0 && !['selected', 'waited on', 'waited on it', 'critical path'].includes(bars[k].name)) {
+    const layer = gd.querySelectorAll('.barlayer g.trace.bars')[k];
+    const r = layer.querySelectorAll('g.point path')[i].getBoundingClientRect();
+    return [r.left + r.width / 2, r.top + r.height / 2, r.width, r.height];
+  }
+}
+return null;
+"""
+_OUTLINE_STROKES_JS = """
+return Array.from(document.querySelectorAll('#timeline-graph .barlayer g.point path'))
+  .map(p => p.style.stroke).filter(s => s && s !== 'none');
+"""
+
+
+def test_timeline_event_click_highlights_what_it_waited_on_and_what_waited_on_it(site, runs_dir):
+    step, ranks = ONSET + 2, [STRAGGLER, STRAGGLER + 4]  # the straggler and its next pipeline stage
+    run = analyzer.Run.open(runs_dir)
+    deps = run.dependencies(step, ranks=ranks)
+    events = run.events(steps=(step, step), ranks=ranks).set_index("event_id")
+    cross = deps[(deps.kind == "p2p") & (deps.wait_s > 0)].copy()
+    cross["width"] = [events.end_ns[e] - events.start_ns[e] for e in cross.dst_event_id]
+    edge = cross.sort_values("width").iloc[-1]  # the widest receive that waited on the other rank
+    target = int(edge.dst_event_id)
+    waited_by = set(deps.loc[deps.src_event_id == target, "dst_event_id"].astype(int))
+    assert waited_by, "the chosen receive should have something waiting on it"
+
+    driver = _open(site, f"/timeline?step={step}&ranks={','.join(map(str, ranks))}&view=ranks",
+                   "#timeline-graph .barlayer")
+    _until(driver, lambda d: d.execute_script(_BAR_OF_EVENT_JS, target))
+    x, y, width, _ = driver.execute_script(_BAR_OF_EVENT_JS, target)
+    assert width > 4, "the event to click should be wide enough to hit"
+    plot = driver.find_element(By.CSS_SELECTOR, "#timeline-graph .nsewdrag")
+    box = plot.rect  # selenium offsets are from the element's centre
+    ActionChains(driver).move_to_element_with_offset(plot, x - box["x"] - box["width"] / 2,
+                                                     y - box["y"] - box["height"] / 2).pause(0.3).click().perform()
+    _until(driver, lambda d: d.find_elements(By.ID, "timeline-selection"))
+    wait_for(driver, "#timeline-graph .barlayer")
+    details = driver.find_element(By.ID, "timeline-selection").text
+    name = events.loc[target]
+    assert f"Selected: {name['name']} ({name['kind']} {name['group']}) on rank {name['rank']}" in details
+    waited_on_part, waited_by_part = details.split("waited on it", 1)
+    assert f"on rank {int(edge.src_rank)}" in waited_on_part.split("waited on", 1)[1]  # the sender
+    assert "nothing" not in waited_by_part
+    # the outlines are drawn in the figure: black (selected), blue (waited on), green (waited on it)
+    strokes = set(driver.execute_script(_OUTLINE_STROKES_JS))
+    assert {"rgb(0, 0, 0)", "rgb(31, 119, 180)", "rgb(44, 160, 44)"} <= strokes, strokes
+    outlined = driver.execute_script("""return Object.fromEntries(document.querySelector('#timeline-graph .js-plotly-plot')
+        ._fullData.filter(t => ['selected', 'waited on', 'waited on it'].includes(t.name))
+        .map(t => [t.name, Array.from(t.customdata)]));""")
+    assert outlined["selected"] == [target]
+    assert int(edge.src_event_id) in outlined["waited on"]
+    assert waited_by <= set(outlined["waited on it"])

@@ -11,7 +11,9 @@
   every other op counts as forward work;
 - communication: `c10d::*` ops (and NCCL's `record_param_comms` with its process group, sizes and
   sequence number), ended at the backend's execution (`gloo:*`/`nccl:*` annotations) so a collective
-  spans from its issue to its completion like the tracer's.
+  spans from its issue to its completion like the tracer's;
+- GPU activity (kernel, gpu_memcpy, gpu_memset) goes to the kernels table with the host time of its
+  launch, joined on the correlation id (kineto_gpu.py).
 
 Files are streamed (json_stream) one rank per process (`jobs`), each writing its own rank's segments:
 memory is bounded by the per-thread runs of ops, not by the file size.
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from megascope.tracer.importers import kineto_ops as ko
+from megascope.tracer.importers.kineto_gpu import GPU_CATS, LAUNCH_CATS, GpuSpool, is_launch, remove_spool, write_kernels
 from megascope.tracer.importers.json_stream import EVENTS_KEY, TraceJsonError, TraceJsonReader
 from megascope.tracer.importers.layout import Layout, layout_from_sizes
 from megascope.tracer.importers.writer import ImportInputError, RunWriter
@@ -59,6 +62,9 @@ class RankTrace:
     intervals: dict[Any, list[tuple[int, int, int]]] = field(default_factory=lambda: defaultdict(list))
     comms: list[_Comm] = field(default_factory=list)
     events_read: int = 0
+    gpu_spool: str | None = None
+    """Temporary folder of the spooled GPU activity and launches (None: none in the file)."""
+    gpu_activities: int = 0
 
 
 class _ThreadRuns:
@@ -94,6 +100,18 @@ class _ThreadRuns:
 def read_rank_trace(path: Path) -> RankTrace:
     """Stream one file into a RankTrace. Raises TraceJsonError / ImportInputError."""
     trace = RankTrace(str(path))
+    spool = GpuSpool()
+    try:
+        _read_events(path, trace, spool)
+    except BaseException:
+        spool.discard()
+        raise
+    trace.gpu_spool = spool.close()
+    trace.gpu_activities = spool.activities
+    return trace
+
+
+def _read_events(path: Path, trace: RankTrace, spool: GpuSpool) -> None:
     threads: dict[Any, _ThreadRuns] = {}
     seen_events = False
     for key, value in TraceJsonReader(path):
@@ -110,6 +128,13 @@ def read_rank_trace(path: Path) -> RankTrace:
             continue
         start = int(round(ts * 1000))
         end = start + int(round((dur or 0) * 1000))
+        if cat in GPU_CATS:
+            spool.activity(name, cat, value.get("args") or {}, start, end)
+            continue
+        if cat in LAUNCH_CATS:
+            if is_launch(name):
+                spool.launch((value.get("args") or {}).get("correlation"), start)
+            continue
         tid = value.get("tid")
         step = ko.step_number(name) if cat == "user_annotation" else None
         if step is not None:
@@ -131,7 +156,6 @@ def read_rank_trace(path: Path) -> RankTrace:
                                "pass the JSON written by prof.export_chrome_trace or tensorboard_trace_handler")
     for runs in threads.values():
         runs.close()
-    return trace
 
 
 def _add_comm(trace: RankTrace, tid: Any, start: int, end: int, raw: str, args: dict) -> None:
@@ -227,6 +251,11 @@ def convert_rank(trace: RankTrace, rank: int, layout: Layout, writer: RunWriter)
         written += 1
     if outside:
         writer.warn(f"rank {rank}: {outside} span(s) outside every ProfilerStep were left out")
+    if trace.gpu_spool:
+        kernels, unlaunched = write_kernels(trace.gpu_spool, rank, base, trace.steps, writer)
+        if unlaunched:
+            writer.warn(f"rank {rank}: {unlaunched} of {kernels} GPU activities have no launching runtime call "
+                        "in the trace (launch_ns = -1)")
     writer.flush_rank(rank)
     return written
 
@@ -293,6 +322,7 @@ def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int 
     done: dict[int, str] = {}
     layout: Layout | None = None
     pool = mp.get_context("spawn").Pool(jobs) if jobs > 1 and len(paths) > 1 else None
+    results: Any = iter(())
     try:
         results = pool.imap(_read_safely, paths) if pool else (_read_safely(p) for p in paths)
         for path, trace in zip(paths, results):
@@ -314,12 +344,18 @@ def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int 
                 writer.warn(str(exc))
                 failed.append(str(path))
                 continue
+            finally:
+                remove_spool(trace.gpu_spool)
             done[rank] = str(path)
             hosts[rank] = str(trace.meta.get("host_name") or "unknown")
-            writer.add_source(path, kind="kineto trace", rank=rank, events=trace.events_read)
+            writer.add_source(path, kind="kineto trace", rank=rank, events=trace.events_read,
+                              gpu_activities=trace.gpu_activities)
     finally:
         if pool:
             pool.close()
+            for rest in results:  # stopped early (an error): the unread traces' GPU spools
+                if isinstance(rest, RankTrace):
+                    remove_spool(rest.gpu_spool)
             pool.join()
     if layout is None:
         return Layout(1, 1, 1), [], hosts, failed

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from megascope.tracer import run_dir as rd
 from megascope.tracer.importers.layout import Layout
-from megascope.tracer.schema import EVENTS, SCHEMA_VERSION, STEPS
+from megascope.tracer.schema import EVENTS, KERNELS, SCHEMA_VERSION, STEPS
 from megascope.tracer.sink import ParquetSegmentSink
 
 
@@ -46,7 +46,7 @@ class RunWriter:
         self._events: dict[int, dict[str, list]] = {}
         self._steps: dict[int, dict[str, list]] = {}
         self._sinks: dict[int, ParquetSegmentSink] = {}
-        self.rows_written = {"events": 0, "steps": 0}
+        self.rows_written = {"events": 0, "steps": 0, "kernels": 0}
 
     # ---- rows -------------------------------------------------------------------------------
     def event(self, rank: int, step: int, name: str, kind: str, start_ns: int, end_ns: int,
@@ -85,6 +85,22 @@ class RunWriter:
             sink = self._sinks[rank] = ParquetSegmentSink(self.out, rank)
         sink.write(table, batch)
         self.rows_written[table] += batch.num_rows
+
+    def kernels(self, rank: int, batch: pa.Table) -> None:
+        """One kernels segment of `rank`: the schema's columns (cast to their types) first, then any
+        extra columns the importer adds (the analyzer's view reads the schema's only)."""
+        missing = [f.name for f in KERNELS if f.name not in batch.column_names]
+        if missing:
+            raise ValueError(f"kernels batch lacks column(s) {', '.join(missing)}")
+        names = [f.name for f in KERNELS] + [c for c in batch.column_names if KERNELS.get_field_index(c) < 0]
+        batch = batch.select(names)
+        for i, f in enumerate(KERNELS):
+            batch = batch.set_column(i, f, batch.column(i).cast(f.type))
+        sink = self._sinks.get(rank)
+        if sink is None:
+            sink = self._sinks[rank] = ParquetSegmentSink(self.out, rank)
+        sink.write("kernels", batch)
+        self.rows_written["kernels"] += batch.num_rows
 
     def steps_from_events(self, rank: int, bounds: dict[int, list[int]]) -> None:
         """A steps row per step from the [first start, last end] of its events (formats without one)."""
@@ -128,7 +144,7 @@ class RunWriter:
         self._events.pop(rank, None)
         self._steps.pop(rank, None)
         self._sinks.pop(rank, None)
-        for table in ("events", "steps"):
+        for table in ("events", "steps", "kernels"):
             folder = rd.table_dir(self.out, table, rank)
             if folder.is_dir():
                 for f in folder.iterdir():

@@ -1,0 +1,172 @@
+"""GPU activity of a Kineto trace (`cat` kernel, gpu_memcpy, gpu_memset on a device's streams) into the
+kernels table, each with the host time of the runtime call that launched it (`cudaLaunchKernel`,
+`cudaMemcpyAsync`, `cuLaunchKernel`, `cudaGraphLaunch`, ... with the same `args.correlation`: the CUPTI
+correlation id, the same id the tracer's CUPTI recorder writes).
+
+The launch and its kernel can be anywhere in the file relative to each other (Kineto writes CPU ops and
+GPU activity in buffer order), and a long GPU trace holds millions of each: both are spooled while the
+file streams (`GpuSpool`, temporary Parquet files of `flush_rows` rows) and joined on the correlation
+id by DuckDB (`write_kernels`), which spills to disk, so memory stays bounded.
+
+Rows: the kernels schema (rank, name, stream, correlation, start_ns, end_ns; tracer/schema.py) plus
+`launch_ns` (-1: the launch is not in the trace), `step` (the ProfilerStep#N holding the launch, else
+the kernel's start; -1 outside every step), `kind` (kernel | memcpy | memset), `device` and `bytes`
+(memcpy/memset payload, 0 otherwise). The analyzer's `kernels` view shows the schema columns; the
+extras are in the segments (`read_parquet('RUN/kernels/rank=*/*.parquet')`).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+_LAUNCH_WORDS = ("Launch", "Memcpy", "Memset", "memcpy", "memset")
+SPOOL_ROWS = 131_072
+"""Rows buffered in memory before a spool file is written (per kind: activity, launch)."""
+
+ACTIVITY = pa.schema([("name", pa.string()), ("kind", pa.string()), ("stream", pa.int64()),
+                      ("device", pa.int32()), ("correlation", pa.int64()), ("start", pa.int64()),
+                      ("end", pa.int64()), ("bytes", pa.int64())])
+LAUNCH = pa.schema([("correlation", pa.int64()), ("launch", pa.int64())])
+KERNEL_ROWS = pa.schema([("rank", pa.int32()), ("name", pa.string()), ("stream", pa.int64()),
+                         ("correlation", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+                         ("launch_ns", pa.int64()), ("step", pa.int64()), ("kind", pa.string()),
+                         ("device", pa.int32()), ("bytes", pa.int64())])
+
+
+def is_launch(name: str) -> bool:
+    """A runtime/driver call that puts work on a stream (not a sync, an event record, a malloc)."""
+    return any(w in name for w in _LAUNCH_WORDS)
+
+
+def _int(value: Any, default: int = -1) -> int:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+
+class GpuSpool:
+    """Buffers GPU activity and launch rows, flushed to Parquet files in a temporary folder."""
+
+    def __init__(self, flush_rows: int | None = None) -> None:
+        self.flush_rows = flush_rows or SPOOL_ROWS
+        self.folder: str | None = None
+        self.activities = self.launches = 0
+        self._acts: dict[str, list] = {f.name: [] for f in ACTIVITY}
+        self._launch: dict[str, list] = {f.name: [] for f in LAUNCH}
+        self._parts = 0
+
+    def activity(self, name: str, cat: str, args: dict, start: int, end: int) -> None:
+        a = self._acts
+        a["name"].append(name)
+        a["kind"].append(GPU_CATS[cat])
+        a["stream"].append(_int(args.get("stream")))
+        a["device"].append(_int(args.get("device")))
+        a["correlation"].append(_int(args.get("correlation")))
+        a["start"].append(start)
+        a["end"].append(end)
+        a["bytes"].append(max(0, _int(args.get("bytes"), 0)))
+        self.activities += 1
+        if len(a["name"]) >= self.flush_rows:
+            self._flush()
+
+    def launch(self, correlation: Any, start: int) -> None:
+        corr = _int(correlation)
+        if corr < 0:
+            return
+        self._launch["correlation"].append(corr)
+        self._launch["launch"].append(start)
+        self.launches += 1
+        if len(self._launch["correlation"]) >= self.flush_rows:
+            self._flush()
+
+    def _flush(self) -> None:
+        for prefix, cols, schema in (("act", self._acts, ACTIVITY), ("launch", self._launch, LAUNCH)):
+            if not cols[schema[0].name]:
+                continue
+            if self.folder is None:
+                self.folder = tempfile.mkdtemp(prefix="megascope-kineto-gpu-")
+            table = pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)
+            pq.write_table(table, Path(self.folder) / f"{prefix}-{self._parts:06d}.parquet", compression="zstd")
+            self._parts += 1
+            for v in cols.values():
+                v.clear()
+
+    def close(self) -> str | None:
+        """Flush what is buffered; the folder to hand to write_kernels (None: no GPU activity)."""
+        if self.activities == 0:
+            self.discard()
+            return None
+        self._flush()
+        return self.folder
+
+    def discard(self) -> None:
+        remove_spool(self.folder)
+        self.folder = None
+
+
+def remove_spool(folder: str | None) -> None:
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def write_kernels(folder: str, rank: int, base_ns: int, steps: list[tuple[int, int, int]], writer,
+                  batch_rows: int = 262_144) -> tuple[int, int]:
+    """Join the spooled activity with its launches, map to the run's clock, write the kernels segments.
+    Returns (rows written, rows without a launch)."""
+    import duckdb
+
+    spool = Path(folder)
+    con = duckdb.connect()
+    try:
+        con.execute("SET memory_limit='1GB'")
+        con.execute(f"SET temp_directory='{spool / 'duckdb'}'")
+        acts = f"read_parquet('{spool}/act-*.parquet')"
+        has_launch = any(spool.glob("launch-*.parquet"))
+        launches = (f"(SELECT correlation, min(launch) AS launch FROM read_parquet('{spool}/launch-*.parquet') "
+                    "GROUP BY correlation)" if has_launch else
+                    "(SELECT NULL::BIGINT AS correlation, NULL::BIGINT AS launch WHERE false)")
+        reader = con.sql(
+            f"SELECT a.name, a.kind, a.stream, a.device, a.correlation, a.start, a.\"end\", a.bytes, "
+            f"coalesce(l.launch, -1) AS launch FROM {acts} a LEFT JOIN {launches} l "
+            f"ON a.correlation = l.correlation AND a.correlation >= 0").to_arrow_reader(batch_rows)
+        order = sorted(steps, key=lambda s: s[1])
+        numbers = np.array([s[0] for s in order], dtype=np.int64)
+        starts = np.array([s[1] for s in order], dtype=np.int64)
+        ends = np.array([s[2] for s in order], dtype=np.int64)
+        written = unlaunched = 0
+        for batch in reader:
+            cols = {name: batch.column(name).to_numpy(zero_copy_only=False) for name in batch.schema.names}
+            launch = cols["launch"].astype(np.int64)
+            found = launch >= 0
+            at = np.where(found, launch, cols["start"].astype(np.int64))
+            step = _step_of(at, numbers, starts, ends)
+            n = len(launch)
+            table = pa.Table.from_arrays([
+                pa.array(np.full(n, rank, dtype=np.int32)), batch.column("name"),
+                pa.array(cols["stream"].astype(np.int64)), pa.array(cols["correlation"].astype(np.int64)),
+                pa.array(cols["start"].astype(np.int64) + base_ns), pa.array(cols["end"].astype(np.int64) + base_ns),
+                pa.array(np.where(found, launch + base_ns, -1)), pa.array(step), batch.column("kind"),
+                pa.array(cols["device"].astype(np.int32)), pa.array(cols["bytes"].astype(np.int64)),
+            ], schema=KERNEL_ROWS)
+            writer.kernels(rank, table)
+            written += n
+            unlaunched += int(n - found.sum())
+        return written, unlaunched
+    finally:
+        con.close()
+
+
+def _step_of(t: np.ndarray, numbers: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """The ProfilerStep number holding each instant, -1 outside every step."""
+    if not len(starts):
+        return np.full(len(t), -1, dtype=np.int64)
+    i = np.searchsorted(starts, t, side="right") - 1
+    ok = (i >= 0) & (t < ends[np.maximum(i, 0)])
+    return np.where(ok, numbers[np.maximum(i, 0)], -1).astype(np.int64)

@@ -24,16 +24,19 @@ CATALOG_KEY = "MEGASCOPE_RUN_CATALOG"
 """Where the catalog lives in the Flask config of the app serving it."""
 
 _WATCHED = ("steps", "events", "gpu", "inflight")
+_WATCHED_FILES = ("run.json", "incidents.jsonl", "self_check")  # appended / added to by the driver
 _SIGNATURE_TTL_S = 1.0  # stat the directories at most once a second per run
 _MEMO_SIZE = 128
 
 
 def directory_signature(run_dir: Path) -> tuple[float, int]:
-    """(newest mtime, number of entries) over run.json and every per-rank table directory."""
+    """(newest mtime, number of entries) over run.json, the incident log, the self-check folder and
+    every per-rank table directory."""
     newest, count = 0.0, 0
-    manifest = run_dir / "run.json"
-    if manifest.exists():
-        newest = manifest.stat().st_mtime
+    for name in _WATCHED_FILES:
+        if (run_dir / name).exists():
+            newest = max(newest, (run_dir / name).stat().st_mtime)
+            count += 1
     for table in _WATCHED:
         table_dir = run_dir / table
         if not table_dir.is_dir():

@@ -2,7 +2,8 @@
 
 Every cell is one rank; color is a per-rank value (a metric averaged over steps, or the severity of
 the worst finding that names the rank). Hang suspects are marked with a red X so the ranks everyone
-waits on stand out. """
+waits on stand out; ranks flagged by incidents (dead, silent, stalled) or self-checks carry a purple
+diamond with the reasons in its hover text."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ _STAGE = re.compile(r"stage (\d+)")
 
 
 def topology_figure(topology: pd.DataFrame, values: dict[int, float], color_title: str,
-                    suspects: list[int] | None = None, selected: int | None = None) -> go.Figure:
+                    suspects: list[int] | None = None, selected: int | None = None,
+                    flagged: dict[int, list[str]] | None = None) -> go.Figure:
     """A pp x (dp, tp) grid of ranks colored by values[rank] (missing ranks are blank)."""
     if topology.empty:
         return empty_figure("run.json has no topology")
@@ -45,6 +47,10 @@ def topology_figure(topology: pd.DataFrame, values: dict[int, float], color_titl
         text=text, texttemplate="%{text}" if ranks.size <= 1024 else None,
     ))
     _mark(fig, topo, tp_size, suspects or [], "hang suspect", dict(symbol="x", size=18, color="#B00"))
+    if flagged:
+        _mark(fig, topo, tp_size, list(flagged), "incident / self-check",
+              dict(symbol="diamond-open", size=22, color="#7B2CBF", line=dict(width=3)),
+              {r: "<br>".join(reasons) for r, reasons in flagged.items()})
     if selected is not None:
         _mark(fig, topo, tp_size, [selected], "selected",
               dict(symbol="square-open", size=26, color="#000", line=dict(width=3)))
@@ -55,13 +61,16 @@ def topology_figure(topology: pd.DataFrame, values: dict[int, float], color_titl
     return fig
 
 
-def _mark(fig: go.Figure, topo: pd.DataFrame, tp_size: int, ranks: list[int], name: str, marker: dict) -> None:
+def _mark(fig: go.Figure, topo: pd.DataFrame, tp_size: int, ranks: list[int], name: str, marker: dict,
+          why: dict[int, str] | None = None) -> None:
     rows = topo[topo["rank"].isin(ranks)]
     if rows.empty:
         return
+    text = [(why or {}).get(int(r), "") for r in rows["rank"]]
     fig.add_trace(go.Scatter(
         x=[f"dp{d}·tp{t}" for d, t in zip(rows["dp"], rows["tp"])], y=[f"stage {p}" for p in rows["pp"]],
-        mode="markers", name=name, marker=marker, customdata=rows["rank"], hovertemplate=f"{name}: rank %{{customdata}}<extra></extra>"))
+        mode="markers", name=name, marker=marker, customdata=rows["rank"], text=text,
+        hovertemplate=f"{name}: rank %{{customdata}}" + ("<br>%{text}" if why else "") + "<extra></extra>"))
 
 
 def clicked_rank(click_data: dict | None, topology: pd.DataFrame) -> int | None:

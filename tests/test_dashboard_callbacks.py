@@ -71,11 +71,12 @@ def _text(component) -> str:
 
 
 def test_overview_shows_steps_and_the_straggler_finding(pages):
-    notices, summary, figure, findings = pages["overview"].refresh(0, 0)
+    notices, summary, figure, findings, incidents = pages["overview"].refresh(0, 0)
     assert len(figure.data[0].x) == STEPS
     assert "2 x 2 x 2" in _text(summary)
     assert "straggler" in _text(findings) and str(STRAGGLER) in _text(findings)
     assert "No steps recorded yet" not in _text(notices)
+    assert "No incidents" in _text(incidents)
 
 
 def test_finding_link_points_at_the_heatmap_with_its_ranks(pages):
@@ -87,7 +88,7 @@ def test_finding_link_points_at_the_heatmap_with_its_ranks(pages):
 
 
 def test_empty_run_says_what_is_missing(pages):
-    notices, _, figure, findings = pages["overview"].refresh(2, 0)
+    notices, _, figure, findings, _ = pages["overview"].refresh(2, 0)
     assert "No steps recorded yet" in _text(notices)
     assert not figure.data
     assert "No findings" in _text(findings)

@@ -1,4 +1,5 @@
-"""Overview: the run's topology and config, MFU and step time over steps, and the findings."""
+"""Overview: the run's topology and config, MFU and step time over steps, the findings, and the
+incidents, recovery times and self-check results of a run that restarted."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dash
 from dash import Input, Output, callback, dcc, html
 
 from megascope.analyzer import Finding, Run
+from megascope.dashboard.incidents_view import incidents_panel
 from megascope.dashboard.run_gaps import describe_gaps
 from megascope.dashboard.runs import current_catalog
 from megascope.dashboard.series_figure import mfu_figure
@@ -35,18 +37,21 @@ def layout(**_query: str) -> html.Div:
             ]),
         ]),
         html.Div(className="panel", children=[html.H3("Findings"), html.Div(id="overview-findings")]),
+        html.Div(className="panel", children=[html.H3("Incidents, restarts and self-checks"),
+                                              html.Div(id="overview-incidents")]),
     ])
 
 
 @callback(Output("overview-notices", "children"), Output("overview-summary", "children"),
           Output("overview-mfu", "figure"), Output("overview-findings", "children"),
+          Output("overview-incidents", "children"),
           Input("app-run", "value"), Input("app-interval", "n_intervals"))
 def refresh(run_value: int | None, _tick: int | None):
     catalog = current_catalog()
     index = catalog.index(run_value)
     return catalog.cached(index, ("overview",), lambda run: (
         notices(describe_gaps(run)), run_summary(run), mfu_figure(run.mfu().per_step),
-        findings_table(run.findings(), index)))
+        findings_table(run.findings(), index), incidents_panel(run)))
 
 
 def run_summary(run: Run) -> html.Div:

@@ -11,6 +11,7 @@ from dash import Input, Output, State, callback, dcc, html
 
 from megascope.analyzer import Run
 from megascope.dashboard.heatmap_figure import METRICS, leading_int
+from megascope.dashboard.incidents_view import flagged_ranks
 from megascope.dashboard.rank_groups import rank_label, rank_neighbours
 from megascope.dashboard.runs import current_catalog
 from megascope.dashboard.topology_figure import clicked_rank, topology_figure
@@ -67,10 +68,12 @@ def render_grid(run: Run, color: str, selected: int | None):
     hang = run.hang()
     suspects = [int(r) for r in hang.suspects] if hang is not None else []
     values = finding_severity(run) if color == "findings" else metric_by_rank(run, color)
-    figure = topology_figure(run.topology, values, _COLORS[color], suspects, selected)
-    banner = notices([f"Hang: {hang.summary} Suspects (the ranks everyone waits on): {suspects}."], "error") \
-        if hang is not None else notices([])
-    return figure, banner
+    flagged = flagged_ranks(run)
+    figure = topology_figure(run.topology, values, _COLORS[color], suspects, selected, flagged)
+    messages = [f"Hang: {hang.summary} Suspects (the ranks everyone waits on): {suspects}."] if hang is not None else []
+    if flagged:
+        messages.append(f"Ranks flagged by incidents or self-checks (marked with a diamond): {sorted(flagged)}.")
+    return figure, notices(messages, "error")
 
 
 def metric_by_rank(run: Run, metric: str) -> dict[int, float]:
@@ -132,7 +135,7 @@ def collectives_table(run: Run, rank: int) -> html.Div | html.Table:
 
 
 def rank_problems(run: Run, rank: int) -> list[str]:
-    """The hang record and the findings and warnings that concern this rank."""
+    """The hang record, findings, incidents, self-check verdicts and warnings that concern this rank."""
     problems: list[str] = []
     hang = run.hang()
     if hang is not None and rank in [int(r) for r in hang.suspects]:
@@ -141,6 +144,7 @@ def rank_problems(run: Run, rank: int) -> list[str]:
         problems.append(f"in flight: waiting in {hang.op} since step {hang.step}: {hang.summary}")
     problems += [f"{f.kind} (steps {f.steps[0]}-{f.steps[1]}, severity {f.severity:.3g}): {f.summary}"
                  for f in run.findings() if rank in [int(r) for r in f.ranks or []]]
+    problems += flagged_ranks(run).get(rank, [])
     mentions = re.compile(rf"\brank {rank}\b")
     problems += [w for w in run.warnings if mentions.search(w)]
     return problems or ["none: no hang record, finding or warning names this rank"]

@@ -2,11 +2,13 @@
 kineto` in a fresh process; MB/s and peak RSS, side by side with `json.load` of the same file (what a
 non-streaming importer would need just to parse it).
 
-    python benchmarks/import_throughput.py [--mb 300] [--out /tmp/megascope-import-bench]
+    python benchmarks/import_throughput.py [--mb 300] [--gpu] [--out /tmp/megascope-import-bench]
 
 The trace imitates a CPU training loop as torch.profiler writes it: ProfilerStep#N annotations,
 forward aten ops with nested children, autograd evaluate_function ops, an optimizer annotation,
-c10d collectives on the main thread and gloo execution annotations on runloop threads.
+c10d collectives on the main thread and gloo execution annotations on runloop threads. `--gpu` adds
+what a CUDA profile holds: a `cudaLaunchKernel` runtime call per matmul and its kernel on a device
+stream (written after the step's CPU ops, as Kineto writes buffers), joined into the kernels table.
 """
 
 from __future__ import annotations
@@ -41,7 +43,19 @@ def _event(name: str, cat: str, ts: float, dur: float, tid: int, args: dict | No
                        "dur": round(dur, 3), "args": args or {"External id": 1, "Ev Idx": 2}})
 
 
-def generate(path: Path, target_mb: int) -> int:
+def _gpu(rows: list[str], gpu: list[str], t: float, corr: int, dur: float) -> None:
+    """A kernel launch at t (host) and its kernel on stream 7 of device 0."""
+    rows.append(json.dumps({"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 100, "tid": 1,
+                            "ts": round(t, 3), "dur": 4.0, "args": {"External id": corr, "cbid": 211,
+                                                                    "correlation": corr}}))
+    gpu.append(json.dumps({"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_tn", "pid": 0, "tid": 7,
+                           "ts": round(t + 15, 3), "dur": dur, "args": {
+                               "External id": corr, "queued": 0, "device": 0, "context": 1, "stream": 7,
+                               "correlation": corr, "registers per thread": 128, "shared memory": 32768,
+                               "grid": [64, 2, 1], "block": [256, 1, 1], "est. achieved occupancy %": 25}}))
+
+
+def generate(path: Path, target_mb: int, with_gpu: bool = False) -> int:
     """Write a trace of about target_mb MB; returns the number of events."""
     header = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 1,
               "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 1, "ranks": [0]}]},
@@ -50,15 +64,22 @@ def generate(path: Path, target_mb: int) -> int:
     with open(path, "w") as f:
         f.write("{\n" + ",\n".join(f'  "{k}": {json.dumps(v)}' for k, v in header.items()) + ',\n  "traceEvents": [\n')
         first = True
+        corr = 0
         while f.tell() < target_mb * 1_000_000:
-            rows, t = [], ts
+            rows, gpu, t = [], [], ts
             for _ in range(200):  # forward: an op with two nested children
                 rows += [_event("aten::linear", "cpu_op", t, 30, 1), _event("aten::t", "cpu_op", t + 1, 3, 1),
                          _event("aten::addmm", "cpu_op", t + 5, 20, 1)]
+                if with_gpu:
+                    corr += 1
+                    _gpu(rows, gpu, t + 8, corr, 18.0)
                 t += 32
             for _ in range(200):  # backward
                 rows += [_event("autograd::engine::evaluate_function: AddmmBackward0", "cpu_op", t, 50, 1),
                          _event("aten::mm", "cpu_op", t + 2, 40, 1)]
+                if with_gpu:
+                    corr += 1
+                    _gpu(rows, gpu, t + 5, corr, 36.0)
                 t += 52
             for i in range(8):  # gradient all-reduces and their gloo execution
                 dims = {"Input Dims": [[[4096]], [], [], [], [], []], "Input type": ["TensorList"]}
@@ -69,6 +90,7 @@ def generate(path: Path, target_mb: int) -> int:
             rows.append(_event("Optimizer.step#SGD.step", "user_annotation", t, 400, 1))
             t += 410
             rows.append(_event(f"ProfilerStep#{step}", "user_annotation", ts, t - ts, 1))
+            rows += gpu
             f.write(("" if first else ",\n") + ",\n".join(rows))
             first = False
             n += len(rows)
@@ -87,13 +109,14 @@ def measure(mode: str, src: Path, out: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--mb", type=int, default=300, help="size of the generated JSON trace (MB)")
+    p.add_argument("--gpu", action="store_true", help="add CUDA launches and kernels (a GPU profile)")
     p.add_argument("--out", default="/tmp/megascope-import-bench")
     args = p.parse_args()
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
     src = root / "trace_rank0.json"
     t0 = time.perf_counter()
-    events = generate(src, args.mb)
+    events = generate(src, args.mb, args.gpu)
     gz = root / "trace_rank0.json.gz"
     with open(src, "rb") as f_in, gzip.open(gz, "wb", compresslevel=3) as f_out:
         shutil.copyfileobj(f_in, f_out)

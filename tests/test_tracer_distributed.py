@@ -54,6 +54,9 @@ def test_comm_seq_numbers_match_across_ranks():
     events = run_distributed(_comm_ops, 4)
     by_rank = {r: evs for r, evs in enumerate(events)}
     # collectives: same (group, seq) -> same op name on every member; world group has all 4 ranks
+    waits = {r: [e for e in evs if e["kind"] == "host"] for r, evs in by_rank.items()}
+    events = [[e for e in evs if e["kind"] != "host"] for evs in events]
+    by_rank = {r: evs for r, evs in enumerate(events)}
     world_ops = {r: [(e["seq"], e["name"]) for e in evs if e["group"] == "world"] for r, evs in by_rank.items()}
     assert all(ops == [(0, "all_reduce"), (1, "all_reduce")] for ops in world_ops.values())
     dp = {r: [(e["seq"], e["name"], e["bytes"]) for e in evs if e["group"] == "dp"] for r, evs in by_rank.items()}
@@ -70,10 +73,21 @@ def test_comm_seq_numbers_match_across_ranks():
     for evs in events:
         for e in evs:
             assert e["kind"] in ("collective", "p2p") and e["issue_ns"] <= e["start_ns"] <= e["end_ns"]
+    # wait spans: gloo p2p reports no completion before wait(), so each p2p wait is one; an async
+    # collective's wait only when it was still running. Each names its op and carries its seq.
+    for r, spans in waits.items():
+        ops = {(e["name"], e["group"], e["seq"], e["peer"]) for e in by_rank[r]}
+        names = [w["name"] for w in spans]
+        assert names.count("send_forward.wait") == names.count("recv_forward.wait") == 2, names
+        assert set(names) <= {"send_forward.wait", "recv_forward.wait", "grad_all_reduce.wait"}
+        for w in spans:
+            assert (w["name"].removesuffix(".wait"), w["group"], w["seq"], w["peer"]) in ops
+            assert w["bytes"] == 0 and w["start_ns"] <= w["end_ns"]
 
 
 def _async_completion(rank: int, world: int) -> list[dict]:
-    """Rank 1 joins the all-reduce 0.3 s late; rank 0 waits 0.6 s before calling wait()."""
+    """Rank 1 joins the all-reduce 0.3 s late; rank 0 waits 0.6 s before calling wait().
+    Then a second one that rank 1 joins 0.3 s late while rank 0 waits on it at once (blocks)."""
     sink = tracer.MemorySink()
     t = tracer.Tracer(None, rank, TraceConfig(nvml=False), "cpu", sink=sink)
     tracer.activate(t)
@@ -85,6 +99,10 @@ def _async_completion(rank: int, world: int) -> list[dict]:
     if rank == 0:
         time.sleep(0.6)
     work.wait()
+    dist.barrier()
+    if rank == 1:
+        time.sleep(0.3)
+    comm.all_reduce(x, dist.group.WORLD, "dp", async_op=True).wait()
     tracer.deactivate()
     t.close()
     return sink.table("events").to_pylist()
@@ -92,10 +110,20 @@ def _async_completion(rank: int, world: int) -> list[dict]:
 
 def test_async_work_is_timed_to_its_completion_not_to_wait():
     events = run_distributed(_async_completion, 2)
-    op0 = events[0][0]
-    duration_s = (op0["end_ns"] - op0["start_ns"]) / 1e9
-    # it completed when rank 1 joined (~0.3 s), long before rank 0's wait() at ~0.6 s
+    ops = sorted((e for e in events[0] if e["kind"] == "collective"), key=lambda e: e["seq"])
+    waits = [e for e in events[0] if e["name"] == "all_reduce.wait"]
+    first, second = ops
+    duration_s = (first["end_ns"] - first["start_ns"]) / 1e9
+    # it completed when rank 1 joined (~0.3 s), long before rank 0's wait() at ~0.6 s, so rank 0's
+    # wait() did not block: no wait span for it
     assert 0.15 < duration_s < 0.55, duration_s
+    assert first["issue_ns"] < first["start_ns"]  # start: when the enqueueing call returned
+    # the second one: rank 0 blocked in wait() until rank 1 joined; that is a wait span with the op's
+    # seq, and the op ends when the wait saw it complete (not later)
+    assert [w["seq"] for w in waits] == [second["seq"]], waits
+    wait = waits[0]
+    assert second["start_ns"] <= wait["start_ns"] < second["end_ns"] <= wait["end_ns"]
+    assert (wait["end_ns"] - wait["start_ns"]) / 1e9 > 0.15
 
 
 SKEW_NS = {0: 0, 1: 3_000_000_000, 2: -7_000_000_000}

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import time
 from typing import Any, Callable, TypeVar
 
 from megascope.tracer.core import Tracer
@@ -22,6 +23,7 @@ from megascope.tracer.core import Tracer
 F = TypeVar("F", bound=Callable[..., Any])
 
 _active: Tracer | None = None
+_monotonic_ns = time.monotonic_ns
 
 
 def activate(tracer: Tracer) -> None:
@@ -101,15 +103,34 @@ class span:
             self._tracer = None
             return self
         self._tracer = tracer
-        self._token = tracer.begin_span()
+        # CPU fast path inlined (the common case; ~2x cheaper than a call into the tracer per edge)
+        self._token = _monotonic_ns() if tracer.timeline is None else tracer.begin_span()
         return self
 
     def __exit__(self, *exc_info: object) -> bool:
         tracer = self._tracer
-        if tracer is not None:
-            self._tracer = None
+        if tracer is None:
+            return False
+        self._tracer = None
+        if tracer.timeline is not None:
             tracer.end_span(self.name, self.kind, self.group, self.peer, self.bytes,
                             self.microbatch, self.chunk, self._token)
+            return False
+        end = _monotonic_ns()
+        try:  # guarded like every tracer entry point: monitoring never raises into training
+            shift = tracer.clock.shift_ns
+            start = self._token + shift
+            mb, chunk = self.microbatch, self.chunk
+            row = (tracer.step, tracer.microbatch if mb is None else mb,
+                   tracer.chunk if chunk is None else chunk, self.name, self.kind,
+                   self.group, -1, self.peer, self.bytes, start, start, end + shift)
+            events = tracer._events
+            if len(events.rows) < events.room:  # TableBuffer.append, inlined
+                events.rows.append(row)
+            else:
+                events.append(row)
+        except Exception as exc:
+            tracer._failed("span end", exc)
         return False
 
     def __call__(self, fn: F) -> F:

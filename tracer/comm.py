@@ -11,7 +11,8 @@ recorded with its kind, group name, bytes, peer and a sequence number
 
 `name=` / `names=` label ops (default all_reduce, reduce_scatter, all_gather, broadcast, send, recv).
 `members` (global ranks of the group) is optional and only used in hang records; without it they are
-looked up from the group when a hang is written. Async ops return a work whose completion ends the span.
+looked up from the group when a hang is written. Async ops return a work whose completion ends the span
+(see comm_trace for what issue/start/end mean and the `<op>.wait` spans).
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ def _size(group: object) -> int:
 def _collective(call: Any, tensor: torch.Tensor, nbytes: int, group: object, group_name: str,
                 name: str, members: list[int] | None, async_op: bool) -> Any:
     """Issue `call()` traced as the next collective of this rank in `group_name`."""
-    if api._active is None:
+    tracer = api._active
+    if tracer is None:
         return call()
-    op = begin(name, "collective", group_name, group, group_name, nbytes, tensor, members=members)
+    issue_ns = tracer.now_ns()  # first thing: the moment the op was asked for
+    op = begin(name, "collective", group_name, group, group_name, nbytes, tensor, members=members,
+               issue_ns=issue_ns)
     try:
         work = call()
     except BaseException:
@@ -99,21 +103,24 @@ def batch_isend_irecv(ops: list[dist.P2POp], group_name: str = "pp", names: list
         return []
     if names is not None and len(names) != len(ops):
         raise ValueError(f"batch_isend_irecv: {len(names)} names for {len(ops)} ops; give one name per op")
-    if api._active is None:
+    tracer = api._active
+    if tracer is None:
         return dist.batch_isend_irecv(ops)
+    issue_ns = tracer.now_ns()
     traced = []
     for i, p2p in enumerate(ops):
         direction = _direction(p2p)
         name = names[i] if names is not None else direction
         traced.append(begin(name, "p2p", group_name, p2p.group, (group_name, direction, p2p.peer),
-                            tensor_bytes(p2p.tensor), p2p.tensor, peer=p2p.peer))
+                            tensor_bytes(p2p.tensor), p2p.tensor, peer=p2p.peer, issue_ns=issue_ns))
     try:
         works = dist.batch_isend_irecv(ops)
     except BaseException:
         abort(traced)
         raise
     on_gpu = ops[0].tensor.is_cuda
+    # gloo p2p works report is_completed() only after wait(): no completion poller, wait() ends them
     if len(works) == len(ops):
-        return [finish([op], work, on_gpu) for op, work in zip(traced, works)]
+        return [finish([op], work, on_gpu, has_completion=False) for op, work in zip(traced, works)]
     # coalesced (NCCL): every op completes with the batch, so each returned work ends all of them
-    return [finish(traced, work, on_gpu) for work in works]
+    return [finish(traced, work, on_gpu, has_completion=False) for work in works]

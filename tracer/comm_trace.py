@@ -1,14 +1,21 @@
 """Tracing glue for the comm wrappers: begin an op, end it on return or on its work's completion.
 
-Sync ops end when the call returns (CPU) or at an end event recorded right after it (GPU: the current
-stream waits on the NCCL stream there). Async ops return a TracedWork: on CPU/gloo a done-callback on
-the work's future stamps the real completion time (falling back to wait()), on GPU `wait()` records
-the end event after making the current stream wait on the op.
+Times of one op (events columns):
+    issue_ns  host time the wrapper was asked for the op, before any bookkeeping or backend call
+    start_ns  CPU sync: = issue_ns (the host runs the op inside the call); CPU async: when the backend
+              call returned (the op is enqueued on the c10d worker); GPU: the start event on the stream
+    end_ns    CPU sync: the call returned; CPU async collective: its completion, observed by the
+              completion poller or by wait(), whichever saw it first; CPU p2p (gloo reports no
+              completion before wait()): wait() returned; GPU: the end event recorded after the call
+              (sync) or after wait() made the current stream wait on the op (async)
+
+A CPU wait() that may have blocked is recorded as its own host span, `<op>.wait` (same group, seq and
+peer as the op; the ambient step and micro-batch of the waiter), so the time the training thread sat
+in wait() is not mistaken for the op's transfer time, nor for the compute span it happens in.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -16,28 +23,22 @@ import torch
 from megascope.tracer import api
 from megascope.tracer.watchdog import CommOp
 
+WAIT_SUFFIX = ".wait"
+"""Name suffix of the host span covering a blocking wait() on an async op."""
+
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
 def begin(name: str, kind: str, group_name: str, group: object, seq_key: Any, nbytes: int,
-          tensor: torch.Tensor, peer: int = -1, members: list[int] | None = None) -> CommOp | None:
+          tensor: torch.Tensor, peer: int = -1, members: list[int] | None = None,
+          issue_ns: int | None = None) -> CommOp | None:
     tracer = api._active
     if tracer is None:
         return None
-    return tracer.begin_comm(name, kind, group_name, group, seq_key, peer, nbytes, members, tensor.is_cuda)
-
-
-def _end_now(op: CommOp, on_gpu: bool, end_ns: int | None = None) -> None:
-    tracer = api._active
-    if tracer is None:
-        op.done = True
-        return
-    if on_gpu:
-        tracer.end_comm_gpu(op)
-    else:
-        tracer.end_comm_host(op, end_ns)
+    return tracer.begin_comm(name, kind, group_name, group, seq_key, peer, nbytes, members, tensor.is_cuda,
+                             issue_ns)
 
 
 def abort(ops: list[CommOp | None]) -> None:
@@ -49,51 +50,87 @@ def abort(ops: list[CommOp | None]) -> None:
             tracer.end_comm_host(op)
 
 
-def finish(ops: list[CommOp | None], work: Any, on_gpu: bool) -> Any:
-    """After issuing: end sync ops now; wrap async work so its completion ends the ops."""
+def finish(ops: list[CommOp | None], work: Any, on_gpu: bool, has_completion: bool = True) -> Any:
+    """After issuing: end sync ops now; wrap async work so its completion ends the ops.
+    has_completion: the work's is_completed() turns true on its own (gloo collectives; not gloo p2p)."""
     live = [op for op in ops if op is not None]
     if not live:
         return work
+    tracer = api._active
+    if tracer is None:  # deactivated between begin and here: nothing records; drop the entries
+        for op in live:
+            op.done = True
+        return work
     if work is None:
         for op in live:
-            _end_now(op, on_gpu)
+            if on_gpu:
+                tracer.end_comm_gpu(op)
+            else:
+                tracer.end_comm_host(op)
         return None
-    return TracedWork(work, live, on_gpu)
+    if not on_gpu:
+        started = tracer.now_ns()  # the backend has the op (enqueued on its worker)
+        for op in live:
+            if op.start is not None:
+                op.start = started
+    traced = TracedWork(work, live, on_gpu, tracer)
+    if has_completion and not on_gpu and tracer.completion is not None:
+        traced.watched = tracer.completion.watch(traced)
+    return traced
 
 
 class TracedWork:
     """A torch.distributed Work whose completion ends the traced ops; otherwise the same object."""
 
-    def __init__(self, work: Any, ops: list[CommOp], on_gpu: bool) -> None:
+    __slots__ = ("_work", "_ops", "_on_gpu", "_tracer", "_ended", "watched")
+
+    def __init__(self, work: Any, ops: list[CommOp], on_gpu: bool, tracer: Any) -> None:
         self._work = work
         self._ops = ops
         self._on_gpu = on_gpu
+        self._tracer = tracer  # the tracer that began the ops ends them, even after a deactivate()
         self._ended = False
-        self._lock = threading.Lock()
-        if not on_gpu:
-            self._watch_future()
-
-    def _watch_future(self) -> None:
-        try:
-            future = self._work.get_future()
-        except Exception:  # some backends' p2p works have no future: wait() ends the span instead
-            return
-        tracer = api._active
-        clock_now = tracer.now_ns if tracer is not None else None
-        if clock_now is not None:
-            future.add_done_callback(lambda _fut: self._end(clock_now()))
+        self.watched = False
+        """A completion poller observes this work (its is_completed() is meaningful)."""
 
     def _end(self, end_ns: int | None = None) -> None:
-        with self._lock:
-            if self._ended:
-                return
-            self._ended = True
+        # first observation wins: a concurrent second call is a no-op in end_comm_host (op.done)
+        if self._ended:
+            return
+        self._ended = True
+        tracer = self._tracer
         for op in self._ops:
-            _end_now(op, self._on_gpu, end_ns)
+            if self._on_gpu:
+                tracer.end_comm_gpu(op)
+            else:
+                tracer.end_comm_host(op, end_ns)
+
+    def poll_done(self) -> bool:
+        """Completion poller thread: end the ops if the work completed."""
+        if self._ended:
+            return True
+        if not self._work.is_completed():
+            return False
+        self._end(self._tracer.now_ns())
+        return True
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
+        if self._ended or self._on_gpu:  # GPU: wait() only makes the current stream wait; no host block
+            result = self._work.wait(*args, **kwargs)
+            self._end()
+            return result
+        tracer = self._tracer
+        if self.watched and self._work.is_completed():
+            # done before wait(): nothing blocks; the poller has not seen it yet, so this is the first
+            # observation of the completion
+            result = self._work.wait(*args, **kwargs)
+            self._end(tracer.now_ns())
+            return result
+        begin_ns = tracer.now_ns()
         result = self._work.wait(*args, **kwargs)
-        self._end()
+        end_ns = tracer.now_ns()
+        self._end(end_ns)
+        tracer.record_wait(self._ops[0], begin_ns, end_ns)
         return result
 
     def is_completed(self) -> bool:

@@ -22,6 +22,7 @@ from megascope.tracer import run_dir as rundir
 from megascope.tracer.buffer import TableBuffer
 from megascope.tracer.clock import HostClock
 from megascope.tracer.clock_sync import ClockSyncResult, estimate_offsets
+from megascope.tracer.completion import CompletionPoller
 from megascope.tracer.flusher import Flusher
 from megascope.tracer.schedule import Schedule, check_level, every_n_steps
 from megascope.tracer.schema import TABLES
@@ -78,6 +79,7 @@ class Tracer:
         self._events = self.buffers["events"]
         self.sink = sink if sink is not None else ParquetSegmentSink(run_dir, self.rank)  # type: ignore[arg-type]
         self.flusher = self.watchdog = self.timeline = self.nvml = self.cupti = None
+        self.completion: CompletionPoller | None = None
         if self.enabled:
             self._start_background()
             atexit.register(self.close)
@@ -85,6 +87,7 @@ class Tracer:
     def _start_background(self) -> None:
         cfg = self.cfg
         self.flusher = Flusher(self.buffers, self.sink, cfg.flush_interval_s)
+        self.completion = CompletionPoller()
         self.watchdog = HangWatchdog(self.run_dir, self.rank, self.registry, cfg.hang_timeout_s,
                                      self.clock.now_ns, self._ambient)
         if self.is_cuda:
@@ -162,13 +165,15 @@ class Tracer:
 
     # -- comm ops ----------------------------------------------------------------------------
     def begin_comm(self, name: str, kind: str, group_name: str, group: object, seq_key: Any,
-                   peer: int, nbytes: int, members: list[int] | None, on_gpu: bool) -> CommOp | None:
-        """Register an op about to be issued: sequence number, in-flight entry, start time."""
+                   peer: int, nbytes: int, members: list[int] | None, on_gpu: bool,
+                   issue_ns: int | None = None) -> CommOp | None:
+        """Register an op about to be issued: sequence number, in-flight entry, issue and start time
+        (start = issue on CPU until comm_trace.finish moves it to when an async call returned)."""
         try:
             seq = self._seq.get(seq_key, 0)
             self._seq[seq_key] = seq + 1
             op = CommOp(name, kind, group_name, seq, peer, nbytes, self.step, self.microbatch,
-                        self.chunk, self.now_ns(), group, members)
+                        self.chunk, self.now_ns() if issue_ns is None else issue_ns, group, members)
             if self.recording:
                 op.start = self.timeline.record() if (on_gpu and self.timeline is not None) else op.issue_ns
             self.registry.add(op)
@@ -184,9 +189,10 @@ class Tracer:
                 if op.done:
                     return
                 op.done = True
-            if op.start is not None and not hasattr(op.start, "query"):
+            start = op.start
+            if start is not None and not hasattr(start, "query"):
                 end = end_ns if end_ns is not None else self.now_ns()
-                self._events.append(op.row_prefix() + (op.issue_ns, op.start, end))
+                self._events.append(op.row_prefix() + (op.issue_ns, start, end if end > start else start))
             self.registry.complete(op)
         except Exception as exc:
             self._failed(f"{op.name} end", exc)
@@ -205,6 +211,17 @@ class Tracer:
         except Exception as exc:
             self.registry.complete(op)
             self._failed(f"{op.name} end", exc)
+
+    def record_wait(self, op: CommOp, start_ns: int, end_ns: int) -> None:
+        """A host span `<op>.wait`: the training thread blocked in wait() on `op` (CPU async ops).
+        Same group, seq and peer as the op; the step and micro-batch are the waiter's (ambient)."""
+        if not self.recording:
+            return
+        try:
+            self._events.append((self.step, self.microbatch, self.chunk, op.name + ".wait", "host",
+                                 op.group_name, op.seq, op.peer, 0, start_ns, start_ns, end_ns))
+        except Exception as exc:
+            self._failed(f"{op.name} wait", exc)
 
     # -- steps, clocks, lifecycle ------------------------------------------------------------
     @property
@@ -272,7 +289,7 @@ class Tracer:
             return
         self._closed = True
         atexit.unregister(self.close)
-        for part in (self.cupti, self.nvml, self.watchdog, self.timeline, self.flusher):
+        for part in (self.cupti, self.nvml, self.watchdog, self.completion, self.timeline, self.flusher):
             if part is not None:
                 try:
                     part.close()

@@ -1,11 +1,14 @@
 """Tracer overhead: the same training job with tracing off and on, interleaved (ABAB...), side by side.
 
-    python benchmarks/tracer_overhead.py [--preset tiny] [--dp 2] [--tp 1] [--pp 2] [--rounds 8] [--steps 10]
+    python benchmarks/tracer_overhead.py [--preset tiny] [--dp 2] [--tp 1] [--pp 2] [--rounds 12] [--steps 10]
 
-Prints step time off/on, the ratio, overhead %, spans per step and cost per span, plus a
-microbenchmark of ns per span (no tracer, active on CPU, active with CUDA events when a GPU exists).
+Prints step time off/on, the ratio, overhead %, spans per step and cost per span, plus microbenchmarks
+of the training thread's cost (ns) per span (no tracer, active on CPU, active with CUDA events when a
+GPU exists) and per async comm op (issue + wait, with and without a blocking wait).
 The job is the real trainer's step (parallelized GPT, every collective and p2p op traced through the
 comm layer) on a gloo group, tracing toggled between interleaved blocks inside the same processes.
+The headline is the median over rounds of each round's on/off ratio (the two blocks of a round run
+back to back, so slow drifts of a shared machine's load cancel); the pooled statistics follow.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.distributed import run_distributed  # noqa: E402
 
 from megascope import tracer  # noqa: E402
+from megascope.tracer import comm_trace  # noqa: E402
 from megascope.trainer.config import JobConfig, TraceConfig, apply_overrides, micro_batches, validate  # noqa: E402
 from megascope.trainer.faults import Faults  # noqa: E402
 from megascope.trainer.parallel_dims import ParallelDims  # noqa: E402
@@ -54,10 +58,12 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
     m, b, s = micro_batches(cfg), cfg.train.micro_batch, cfg.model.seq_len
     batch = torch.randint(0, cfg.model.vocab_size, (m, b, s + 1), generator=g)
     times: dict[str, list[float]] = {"off": [], "on": []}
-    spans, step = 0, 0
+    rounds: list[dict[str, list[float]]] = []
+    spans, step, polls = 0, 0, 0
     for _ in range(args.warmup):
         train_step(state, batch, cfg.train.lr)
     for rnd in range(args.rounds):
+        rounds.append({"off": [], "on": []})
         for mode in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
             t = tracer.Tracer(trace_dir, rank, cfg.trace, "cpu") if mode == "on" else None
             if t is not None:
@@ -71,12 +77,14 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
                 result = train_step(state, batch, cfg.train.lr)
                 tracer.record_step(tokens=result.tokens, loss=result.loss, grad_norm=result.grad_norm)
                 times[mode].append(time.perf_counter() - start)
+                rounds[-1][mode].append(times[mode][-1])
                 step += 1
             if t is not None:
                 tracer.deactivate()
+                polls += t.completion.polls if t.completion is not None else 0
                 t.close()
                 spans += sum(tb.num_rows for tb in _read_events(trace_dir, rank))
-    return {"times": times, "spans": spans}
+    return {"times": times, "rounds": rounds, "spans": spans, "polls": polls}
 
 
 def _read_events(trace_dir: str, rank: int) -> list:
@@ -121,37 +129,84 @@ def microbench(device: str, n: int = 100_000) -> float:
     return elapsed / n
 
 
+class _DoneWork:
+    """A work that has already completed (the common case at wait() for gradient reductions)."""
+
+    def is_completed(self) -> bool:
+        return True
+
+    def wait(self) -> bool:
+        return True
+
+
+class _PendingWork(_DoneWork):
+    """A work whose is_completed() is false until wait(): wait() is recorded as a blocking wait."""
+
+    def is_completed(self) -> bool:
+        return False
+
+
+def microbench_comm(blocking: bool, n: int = 20_000) -> float:
+    """Training-thread ns per traced async op: begin, finish (wrap + hand to the poller), wait.
+    blocking: the wait is recorded as a <op>.wait span too. Excludes the backend call itself."""
+    t = tracer.Tracer(None, 0, TraceConfig(nvml=False, max_buffered_events=10 * n),
+                      "cpu", sink=tracer.MemorySink())
+    tracer.activate(t)
+    tracer.set_step(0)
+    buf = torch.empty(16)
+    work = _PendingWork() if blocking else _DoneWork()
+    start = time.perf_counter_ns()
+    for _ in range(n):
+        op = comm_trace.begin("grad_reduce_scatter", "collective", "dp", None, "dp", 64, buf,
+                              issue_ns=t.now_ns())
+        comm_trace.finish([op], work, False).wait()
+    elapsed = time.perf_counter_ns() - start
+    tracer.deactivate()
+    t.close()
+    return elapsed / n
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="tiny", help="trainer preset")
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=12)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--micro-only", action="store_true", help="only the ns-per-span microbenchmark")
     args = p.parse_args()
     devices = ["none", "cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
-    print("| span microbenchmark | ns per span |\n|---|---:|")
+    print("| microbenchmark (training thread) | ns |\n|---|---:|")
     for device in devices:
-        label = {"none": "no active tracer", "cpu": "active, CPU clock"}.get(device, "active, CUDA events")
+        label = {"none": "span, no active tracer", "cpu": "span, active, CPU clock"}.get(
+            device, "span, active, CUDA events")
         print(f"| {label} | {microbench(device):.0f} |")
+    print(f"| async op, completed before wait (1 span) | {microbench_comm(False):.0f} |")
+    print(f"| async op, blocking wait (op + .wait span) | {microbench_comm(True):.0f} |")
     if args.micro_only:
         return
     result = run_job(args)
     off, on = result["times"]["off"], result["times"]["on"]
     spans_per_step = result["spans"] / len(on)
+    ratios = sorted(statistics.median(r["on"]) / statistics.median(r["off"]) for r in result["rounds"])
+    q1, q3 = (statistics.quantiles(ratios, n=4)[i] for i in (0, 2)) if len(ratios) > 1 else (ratios[0],) * 2
     med_off, med_on = statistics.median(off), statistics.median(on)
     mean_off, mean_on = statistics.fmean(off), statistics.fmean(on)
     print(f"\njob: megascope trainer, preset {args.preset}, dp={args.dp} tp={args.tp} pp={args.pp} on gloo; "
-          f"{args.rounds} rounds x {args.steps} steps per mode, interleaved; rank 0 step times")
-    print("| statistic | off (ms) | on (ms) | on/off | overhead % | spans/step | cost per span (us) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    for label, a, b in (("median", med_off, med_on), ("mean", mean_off, mean_on)):
-        per_span = (b - a) / spans_per_step * 1e6 if spans_per_step else float("nan")
+          f"{args.rounds} rounds x {args.steps} steps per mode, interleaved; rank 0 step times; "
+          f"{spans_per_step:.0f} spans/step; completion-poller passes/step {result['polls'] / len(on):.1f}")
+    print("| statistic | off (ms) | on (ms) | on/off | overhead % | cost per span (ns) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    ratio = statistics.median(ratios)
+    per_span = (ratio - 1) * med_off / spans_per_step * 1e9 if spans_per_step else float("nan")
+    print(f"| median of per-round ratios (IQR {q1:.4f}-{q3:.4f}) | {med_off * 1e3:.2f} | "
+          f"{med_off * ratio * 1e3:.2f} | {ratio:.4f} | {(ratio - 1) * 100:+.2f} | {per_span:.0f} |")
+    for label, a, b in (("pooled median", med_off, med_on), ("pooled mean", mean_off, mean_on)):
+        per_span = (b - a) / spans_per_step * 1e9 if spans_per_step else float("nan")
         print(f"| {label} | {a * 1e3:.2f} | {b * 1e3:.2f} | {b / a:.4f} | {(b / a - 1) * 100:+.2f} | "
-              f"{spans_per_step:.0f} | {per_span:.2f} |")
+              f"{per_span:.0f} |")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ class CompletionPoller:
         self.polls = 0
         self._pending: deque[Watched] = deque()
         self._wake = threading.Event()
+        self._idle = False  # the thread is (about to be) asleep on _wake: only then is set() needed
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
         self._thread.start()
@@ -44,7 +45,8 @@ class CompletionPoller:
         if self._stopping or len(self._pending) >= self.max_pending:
             return False
         self._pending.append(item)
-        self._wake.set()
+        if self._idle:  # Event.set() costs a few us of Python (Condition); skip it while polling
+            self._wake.set()
         return True
 
     def pending(self) -> int:
@@ -68,7 +70,11 @@ class CompletionPoller:
 
     def _run(self) -> None:
         while not self._stopping:
-            self._wake.wait()
+            # idle first, then look: an append after the look sees idle and sets the event
+            self._idle = True
+            if not self._pending:
+                self._wake.wait()
+            self._idle = False
             self._wake.clear()
             while self._pending and not self._stopping:
                 time.sleep(self.poll_s)

@@ -2,7 +2,8 @@
 
 Replays the step graph (program order with the recorded host gaps, p2p transfers starting when both
 sides posted, collectives completing at the last arrival) twice: as recorded, and with the culprit's
-durations replaced by its peers' medians (or the link's transfer time by its peers'). The difference
+durations replaced by its peers' medians (or the link's transfer time by its peers'; for workload
+imbalance, every data-parallel replica's compute by the replicas' mean: the same work, balanced). The difference
 is the time the finding cost per step; over the step time, the throughput lost.
 Big jobs: only the culprit's pipeline replica and its data-parallel groups are replayed; everyone
 else keeps its recorded times.
@@ -71,7 +72,7 @@ def _inputs(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _apply_fix(f: Finding, g: StepGraph, topo: pd.DataFrame, duration, gap, xfer) -> None:
-    ev = g.events.join(topo.set_index("rank")[["pp"]], on="rank")
+    ev = g.events.join(topo.set_index("rank")[["pp", "tp"]], on="rank")
     culprit = ev["rank"].isin(f.ranks).to_numpy()
     comp = (ev.kind == "compute").to_numpy()
     if f.kind in ("straggler", "stage_imbalance"):
@@ -81,6 +82,9 @@ def _apply_fix(f: Finding, g: StepGraph, topo: pd.DataFrame, duration, gap, xfer
         for i in np.flatnonzero(culprit & comp):
             key = (ev.pp.iat[i] if f.kind == "straggler" else 0, ev.name.iat[i])
             duration[i] = min(duration[i], med.get(key, duration[i]))
+    elif f.kind == "workload_imbalance":  # balanced batches: every dp replica does the mean work
+        keys = [ev[c].to_numpy()[comp] for c in ("pp", "tp", "chunk", "microbatch", "name")]
+        duration[comp] = pd.Series(duration[comp]).groupby(keys, dropna=False).transform("mean").to_numpy()
     elif f.kind == "late_launch":
         typical = np.median(gap[~culprit]) if (~culprit).any() else 0.0
         gap[culprit] = np.minimum(gap[culprit], typical)

@@ -98,11 +98,15 @@ def _job_yaml(path: Path) -> Path:
     return path
 
 
-def _findings(tmp: Path, name: str, **synth) -> list:
+def _open(tmp: Path, name: str, **synth) -> Run:
     src = synth_ndtimeline(tmp / f"{name}.parquet", **synth)
     out = tmp / f"run-{name}"
     import_run("ndtimeline", [src, _job_yaml(tmp / "job.yaml")], out)
-    return Run.open(out).findings()
+    return Run.open(out)
+
+
+def _findings(tmp: Path, name: str, **synth) -> list:
+    return _open(tmp, name, **synth).findings()
 
 
 def test_slow_worker_is_named(tmp_path: Path):
@@ -127,7 +131,8 @@ def test_stage_imbalance_is_named(tmp_path: Path):
 
 @pytest.mark.parametrize("all_tp", [False, True], ids=["worker-per-dp-stage", "full-layout"])
 def test_random_sequence_imbalance_is_workload_imbalance(tmp_path: Path, all_tp: bool):
-    findings = _findings(tmp_path, "seq", seq_sigma=0.25, seed=3, all_tp=all_tp)
+    run = _open(tmp_path, "seq", seq_sigma=0.25, seed=3, all_tp=all_tp)
+    findings = run.findings()
     kinds = [(f.kind, f.ranks[:4], f.steps) for f in findings]
     assert [f.kind for f in findings] == ["workload_imbalance"], kinds
     f = findings[0]
@@ -135,6 +140,9 @@ def test_random_sequence_imbalance_is_workload_imbalance(tmp_path: Path, all_tp:
     assert f.severity > 1.1 and f.evidence["flagged_steps"] >= STEPS // 2
     assert len(f.evidence["slowest_replica_counts"]) >= 2
     assert "balance sequence lengths" in f.summary
+    # balancing the replicas' work (same total) saves time: the slowest replica no longer sets the pace
+    wi = run.what_if(f)
+    assert wi["applicable"] and 0.02 < wi["throughput_lost"] < 0.5, wi
 
 
 def test_straggler_with_random_imbalance_gets_both(tmp_path: Path):

@@ -201,3 +201,18 @@ def _run_path(index: int) -> Path:
     from megascope.dashboard.runs import current_catalog
 
     return current_catalog().paths[index]
+
+
+def test_heatmap_color_scale_is_not_taken_by_a_warmup_outlier():
+    from megascope.dashboard.heatmap_figure import color_range
+
+    values = np.ones((8, 40))
+    values[3, 12:] = 1.5       # a straggler
+    values[:4, 0] = 10.0       # the warm-up step
+    zmin, zmax, clipped = color_range(values, higher_is_worse=True)
+    assert clipped and zmin == 1.0 and 1.5 <= zmax < 10.0
+    assert color_range(np.where(values > 5, 1.0, values), higher_is_worse=True) == (None, None, False)
+    mfu = np.full((8, 40), 0.5)
+    mfu[:4, 0] = 0.01
+    zmin, zmax, clipped = color_range(mfu, higher_is_worse=False)
+    assert clipped and zmin == 0.5 and zmax == 0.5

@@ -72,8 +72,9 @@ def _incident_rows(incidents: pd.DataFrame) -> pd.DataFrame:
     for col in ("attempt", "step"):
         frame[col] = frame[col].map(_int_text)
     frame["ranks"] = frame["ranks"].map(_ranks_text)
-    frame["hosts"] = frame["hosts"].map(lambda h: ", ".join(map(str, h)) if isinstance(h, list) else (h or ""))
-    frame["action"] = frame["action"].map(lambda a: a if isinstance(a, str) else "")
+    frame["hosts"] = frame["hosts"].map(lambda h: ", ".join(map(str, h)) if isinstance(h, list) else _str_or_blank(h))
+    for col in ("detail", "action"):
+        frame[col] = frame[col].map(_str_or_blank)
     return frame
 
 
@@ -110,6 +111,11 @@ def _int_text(value: Any) -> str:
         return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(int(value))
     except (TypeError, ValueError):
         return str(value)
+
+
+def _str_or_blank(value: Any) -> str:
+    """Fields a record did not have come back as None or NaN: shown blank."""
+    return value if isinstance(value, str) else ""
 
 
 def _time_text(value: Any) -> str:

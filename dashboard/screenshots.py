@@ -1,8 +1,10 @@
 """Remake the README screenshots: every page of the dashboard over real runs, in headless Chromium.
 
     python -m megascope.dashboard.screenshots RUN [RUN...] [--out docs/screenshots]
+        [--pages overview,heatmap,...] [--prefix NAME-]
 
-The first run is the one shown; further runs appear on the comparison page.
+The first run is the one shown; further runs appear on the comparison page. "incidents" is the
+overview scrolled to its incidents, restarts and self-checks panel.
 """
 
 from __future__ import annotations
@@ -15,15 +17,18 @@ from megascope.dashboard.app import create_app
 from megascope.dashboard.headless import chromium_driver
 from megascope.dashboard.serving import serve_in_thread
 
-# file name -> (path and query, CSS selector that is present once the page has drawn)
-PAGES: dict[str, tuple[str, str]] = {
+# file name -> (path and query, CSS selector that is present once the page has drawn[, element to
+# scroll into view before the picture])
+PAGES: dict[str, tuple[str, ...]] = {
     "overview": ("/", "#overview-mfu .main-svg"),
     "heatmap": ("/heatmap?metric=compute", "#heatmap-graph .main-svg"),
     "timeline": ("/timeline?view=pp", "#timeline-graph .main-svg"),
-    "topology": ("/topology?color=step_time", "#topology-rank-details"),
+    "topology": ("/topology?color=compute", "#topology-rank-details"),
     "gpu": ("/gpu", "#gpu-graph .main-svg"),
     "compare": ("/compare", "#compare-mfu .main-svg"),
+    "incidents": ("/", "#overview-incidents-body", "#overview-incidents"),
 }
+DEFAULT_PAGES = ("overview", "heatmap", "timeline", "topology", "gpu", "compare")
 
 
 def wait_for(driver, selector: str, timeout_s: float = 30.0) -> None:
@@ -38,19 +43,22 @@ def wait_for(driver, selector: str, timeout_s: float = 30.0) -> None:
     time.sleep(0.8)  # let Plotly finish its transitions before the picture is taken
 
 
-def take_screenshots(runs: list[str], out_dir: Path, pages: dict[str, tuple[str, str]] | None = None,
-                     extra_query: dict[str, str] | None = None) -> list[Path]:
+def take_screenshots(runs: list[str], out_dir: Path, pages: dict[str, tuple[str, ...]] | None = None,
+                     extra_query: dict[str, str] | None = None, prefix: str = "") -> list[Path]:
     """One PNG per page (1400x900 window), written to out_dir; returns the files."""
     out_dir.mkdir(parents=True, exist_ok=True)
     server = serve_in_thread(create_app(runs, refresh_s=3600))  # no refresh while shooting
     driver = chromium_driver(1400, 900)
     written: list[Path] = []
     try:
-        for name, (path, selector) in (pages or PAGES).items():
+        for name, (path, selector, *scroll) in (pages or {n: PAGES[n] for n in DEFAULT_PAGES}).items():
             query = (extra_query or {}).get(name, "")
             driver.get(server.url + path + (("&" if "?" in path else "?") + query if query else ""))
             wait_for(driver, selector)
-            target = out_dir / f"{name}.png"
+            if scroll:
+                driver.execute_script("document.querySelector(arguments[0]).closest('.panel').scrollIntoView()", scroll[0])
+                time.sleep(0.3)
+            target = out_dir / f"{prefix}{name}.png"
             driver.save_screenshot(str(target))
             written.append(target)
     finally:
@@ -65,9 +73,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("docs/screenshots"))
     parser.add_argument("--step", type=int, help="step shown in the timeline (default: the latest)")
     parser.add_argument("--rank", type=int, default=0, help="rank selected in timeline and topology")
+    parser.add_argument("--pages", default=",".join(DEFAULT_PAGES), help=f"comma-separated, of {', '.join(PAGES)}")
+    parser.add_argument("--prefix", default="", help="prefix of the file names (e.g. restart-)")
     args = parser.parse_args(argv)
+    names = [n.strip() for n in args.pages.split(",") if n.strip()]
+    if unknown := [n for n in names if n not in PAGES]:
+        parser.error(f"unknown page(s) {unknown}; choose from {', '.join(PAGES)}")
     timeline = f"ranks={args.rank}" + (f"&step={args.step}" if args.step is not None else "")
-    for path in take_screenshots(args.runs, args.out, extra_query={"timeline": timeline, "topology": f"ranks={args.rank}"}):
+    for path in take_screenshots(args.runs, args.out, {n: PAGES[n] for n in names}, prefix=args.prefix,
+                                 extra_query={"timeline": timeline, "topology": f"ranks={args.rank}"}):
         print(path)
     return 0
 

@@ -216,3 +216,12 @@ def test_heatmap_color_scale_is_not_taken_by_a_warmup_outlier():
     mfu[:4, 0] = 0.01
     zmin, zmax, clipped = color_range(mfu, higher_is_worse=False)
     assert clipped and zmin == 0.5 and zmax == 0.5
+
+
+def test_topology_metric_color_is_the_median_over_steps(pages):
+    """The straggler (slow on 7 of 12 steps) is the hottest rank by compute; a single slow step of
+    another rank would not be (a max over steps would let one outlier color the grid)."""
+    figure, _ = pages["topology"].update_grid("compute", None, 0, 0)
+    z, ranks = np.asarray(figure.data[0].z, dtype=float), np.asarray(figure.data[0].customdata)
+    assert int(ranks.flat[np.nanargmax(z)]) == STRAGGLER
+    assert "median over steps" in figure.data[0].colorbar.title.text

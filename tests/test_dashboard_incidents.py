@@ -56,6 +56,7 @@ def test_overview_lists_incidents_recovery_and_self_checks(pages):
     assert "recovery(s)" in text and "14.5" in text               # failure to resumed training
     assert "gemm_tflops 20 vs 100" in text and "node0001" in text  # the flagged rank against the median
     assert "continue" in text and "recorded only" in text
+    assert "nan" not in text.lower() and "None" not in text  # fields a record lacks are blank
 
 
 def test_topology_marks_flagged_ranks_and_says_why(pages):

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import math
 import re
 
 import dash
+import numpy as np
 import pandas as pd
 from dash import Input, Output, State, callback, dcc, html
 
@@ -19,7 +19,7 @@ from megascope.dashboard.widgets import data_table, key_values, notices
 
 dash.register_page(__name__, path="/topology", name="Topology", order=3, title="megascope: topology")
 
-_COLORS = {**METRICS, "findings": "worst finding (severity)"}
+_COLORS = {**{k: f"{v}, median over steps" for k, v in METRICS.items()}, "findings": "worst finding (severity)"}
 
 
 def layout(color: str = "step_time", ranks: str | None = None, **_query: str) -> html.Div:
@@ -76,14 +76,16 @@ def render_grid(run: Run, color: str, selected: int | None):
     return figure, notices(messages, "error")
 
 
-def metric_by_rank(run: Run, metric: str) -> dict[int, float]:
-    """The metric per rank averaged over all steps (one column of the analyzer's heatmap)."""
-    heatmap = run.heatmap(metric, group_by="rank", max_rows=max(1, len(run.topology)), max_cols=1)
+def metric_by_rank(run: Run, metric: str, max_cols: int = 64) -> dict[int, float]:
+    """The metric per rank, the median over steps (over step bins of the analyzer's heatmap on long
+    runs): robust to the warm-up step and restarts, which would otherwise color every rank alike."""
+    heatmap = run.heatmap(metric, group_by="rank", max_rows=max(1, len(run.topology)), max_cols=max_cols)
     values: dict[int, float] = {}
     for label, row in zip(heatmap.rows, heatmap.values):
-        finite = [float(v) for v in row if v is not None and not math.isnan(float(v))]
-        if finite:
-            values[leading_int(label)] = sum(finite) / len(finite)
+        finite = np.asarray(row, dtype=float)
+        finite = finite[np.isfinite(finite)]
+        if finite.size:
+            values[leading_int(label)] = float(np.median(finite))
     return values
 
 

@@ -1,19 +1,23 @@
 """The per-rank-step summary persisted in the run directory, so a heatmap over a big run does not
 rerun the event pass (a scan of every event) each time the run is opened.
 
-    RUN/analysis/rank_step.parquet   rank_step's columns (sql/rank_step.sql) + late_count, lateness_s
-                                     (sql/arrivals.sql) per rank and step; written by the analyzer only
+    RUN/analysis/rank_step/manifest.json          what the summary was built from, and its parts
+    RUN/analysis/rank_step/part-<id>.parquet      rank_step's columns (sql/rank_step.sql) + late_count,
+                                                  lateness_s (sql/arrivals.sql), one row per rank and step
 
-The file's Parquet key-value metadata says what it was built from: the relative paths of the events
-and steps segments, the analyzer SQL it was built with, the topology, and the event-pass settings.
-Segments are immutable once renamed into place (tracer/sink.py), so their names identify their content:
-- the same segments -> the file is reused (a view over it; nothing is scanned);
-- only new segments (a live run) -> the steps from the first step the new segments touch are rebuilt
+The manifest records the relative paths of the events and steps segments the summary came from,
+a hash of the analyzer SQL, the topology and peak FLOP/s, and each part's step range. Segments are
+immutable once renamed into place (tracer/sink.py), so their names identify their content:
+- the same segments -> reused (a view over the parts; no event is read);
+- only new segments (a live run) -> the steps from the first step the new segments hold are rebuilt
   from the events of those steps only (the event pass is windowed per rank and step, so older steps
-  are unaffected) and merged with the older rows;
+  are unaffected) and written as a new part; older parts are kept (the one straddling that step is
+  cut), so a refresh writes only what changed; past MAX_PARTS the parts are merged into one;
 - anything else (a segment gone or damaged, other SQL, another topology) -> a full rebuild.
-The file is written under a temporary name and renamed, so readers never see half of it. A run
-directory that cannot be written to keeps the summary in memory (with a warning).
+Parts are written under temporary names and renamed, then the manifest is replaced atomically, so a
+reader sees the old summary or the new one; parts no manifest names are deleted once older than
+GC_AGE_S (a reader may still be scanning them). A run directory that cannot be written to keeps
+the summary in memory (with a warning). Only the analyzer writes here; deleting it is always safe.
 """
 
 from __future__ import annotations
@@ -22,24 +26,27 @@ import base64
 import hashlib
 import json
 import os
+import time
+import uuid
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from megascope.analyzer.event_pass import (BATCH_RANKS, COLLECTIVE_COLUMNS, RANK_COLUMNS, SIMPLE_GAP_SQL,
                                            TIMELINE_ALWAYS_RANKS, TIMELINE_GAP_SQL, needs_timeline, pass_sql,
                                            run_start_ns)
 from megascope.analyzer.store import Store, load_sql
+from megascope.tracer.run_dir import write_json_atomic
 
 SUMMARY_VIEW = "rank_step_summary"
 """The relation the heatmap reads: rank_step's columns plus late_count and lateness_s."""
-ANALYSIS_DIR = "analysis"
-SUMMARY_FILE = "rank_step.parquet"
+SUMMARY_DIR = Path("analysis") / "rank_step"
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+MAX_PARTS = 32
+GC_AGE_S = 600.0
 MIN_LATENESS_S = "1e-4"  # as Run._ensure("collectives"): arrivals later than this count as late
-_META_KEY = b"megascope.summary"
 _SQL_FILES = ("event_pass", "rank_step", "collectives", "arrivals")
 _SUMMARY_SELECT = """SELECT rs.*, coalesce(la.late_count, 0)::BIGINT AS late_count, la.lateness_s
     FROM {rank_step} rs LEFT JOIN {late} la USING (rank, step)"""
@@ -48,99 +55,134 @@ _SUMMARY_SELECT = """SELECT rs.*, coalesce(la.late_count, 0)::BIGINT AS late_cou
 @dataclass
 class SummaryState:
     how: str
-    """'reused' (file up to date), 'extended' (new steps added), 'built' (full event pass) or 'memory'."""
+    """'reused' (up to date), 'extended' (new steps added), 'built' (full event pass) or 'memory'."""
     path: Path | None
-    """The Parquet file behind the view, None when it could not be written."""
+    """The summary's folder, None when it could not be written."""
     rebuilt_from_step: int | None = None
+    parts: int = 0
 
 
-def summary_path(store: Store) -> Path:
-    return store.path / ANALYSIS_DIR / SUMMARY_FILE
+def summary_dir(store: Store) -> Path:
+    return store.path / SUMMARY_DIR
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """The summary's manifest, None when there is none, it is unreadable or of another format."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("version") == FORMAT_VERSION else None
 
 
 def ensure_summary(store: Store, build_tables: Callable[[], None], tables_built: bool = False,
                    progress=None) -> SummaryState:
-    """Define the view `rank_step_summary`, from the persisted file when it matches the run's segments.
+    """Define the view `rank_step_summary`, from the persisted parts when they match the run.
 
     `build_tables()` makes the temp tables rank_step and late_arrivals with the full event pass (the
-    Run's own build); `tables_built`: the Run has them already, so a stale file is rewritten from them
-    rather than extended."""
-    path = summary_path(store)
+    Run's own build); `tables_built`: the Run has them already, so a stale summary is rewritten from
+    them rather than extended."""
+    folder = summary_dir(store)
     current = _segments(store)
-    cached = read_meta(path)
-    if cached is not None and cached.get("fingerprint") == _fingerprint(store):
-        old = set(_decode(cached["segments"]))
-        if old == set(current):
-            _view(store, path)
-            return SummaryState("reused", path)
-        new = [s for s in current if s not in old]
-        if not tables_built and old <= set(current) and (first := _first_step(store, new)) is not None:
-            _extend(store, path, cached, first, progress)
-            return _persist(store, path, current, bool(cached["timeline"]), "extended", first)
+    manifest = read_manifest(folder)
+    if manifest is not None and manifest.get("fingerprint") == _fingerprint(store) \
+            and all((folder / p["file"]).is_file() for p in manifest["parts"]):
+        old = _decode(manifest["segments"])
+        if old == current:
+            _view(store, [folder / p["file"] for p in manifest["parts"]])
+            return SummaryState("reused", folder, parts=len(manifest["parts"]))
+        new = sorted(set(current) - set(old))
+        if not tables_built and set(old) <= set(current) and (first := _first_step(store, new)) is not None:
+            _rebuild_from(store, first, bool(manifest["timeline"]), progress)
+            return _save(store, folder, manifest, bool(manifest["timeline"]), first)
     build_tables()
     timeline = len(store.topology) <= TIMELINE_ALWAYS_RANKS or needs_timeline(store, run_start_ns(store))
     store.execute("CREATE OR REPLACE TEMP TABLE _summary_rows AS "
                   + _SUMMARY_SELECT.format(rank_step="rank_step", late="late_arrivals"))
-    return _persist(store, path, current, timeline, "built")
+    return _save(store, folder, None, timeline, None)
 
 
-def read_meta(path: Path) -> dict | None:
-    """The build record of a summary file, None when there is none (or it is unreadable)."""
+def write_summary(store: Store, relation: str, timeline: bool = True) -> Path:
+    """Write `relation` (rank_step_summary's columns) as the whole summary of the run's current
+    segments, in one part. Used by benchmarks that synthesize a summary with the same schema."""
+    folder = summary_dir(store)
+    folder.mkdir(parents=True, exist_ok=True)
+    _commit(store, folder, timeline, [_write_part(store, f"SELECT * FROM {relation}", folder)])
+    return folder
+
+
+def _save(store: Store, folder: Path, manifest: dict | None, timeline: bool, first: int | None) -> SummaryState:
+    """Persist _summary_rows (all rows after a build, rows from step `first` on after an extension)."""
     try:
-        meta = pq.read_schema(path).metadata or {}
-        return json.loads(meta[_META_KEY])
-    except (OSError, KeyError, ValueError):
-        return None
-
-
-def write_summary(store: Store, relation: str, timeline: bool = True, path: Path | None = None) -> Path:
-    """Write `relation` (rank_step_summary's columns) as the summary of the run's current segments.
-    Used after a build, and by benchmarks that synthesize a summary with the same schema."""
-    path = path or summary_path(store)
-    meta = {"fingerprint": _fingerprint(store), "timeline": timeline,
-            "segments": _encode(_segments(store))}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    literal = json.dumps(meta).replace("'", "''")
-    try:  # DuckDB writes it (streaming; 10^7 rows would not fit in memory as one Arrow table)
-        store.execute(f"COPY (SELECT * FROM {relation} ORDER BY step, rank) TO '{_quote(tmp)}' "
-                      f"(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 262144, "
-                      f"KV_METADATA {{'{_META_KEY.decode()}': '{literal}'}})")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
-def _persist(store: Store, path: Path, segments: list[str], timeline: bool, how: str,
-             first: int | None = None) -> SummaryState:
-    try:
-        if _segments(store) != segments:  # the pass dropped a damaged segment: record what it read
-            segments = _segments(store)
-        write_summary(store, "_summary_rows", timeline, path)
+        folder.mkdir(parents=True, exist_ok=True)
+        parts = []
+        for part in (manifest or {}).get("parts", []) if first is not None else []:
+            if part["last"] < first:
+                parts.append(part)
+            elif part["first"] < first:  # the part straddling the first rebuilt step: keep its older rows
+                parts.append(_write_part(store, f"SELECT * FROM read_parquet('{_quote(folder / part['file'])}') "
+                                                f"WHERE step < {int(first)}", folder))
+        parts.append(_write_part(store, "SELECT * FROM _summary_rows", folder))
+        if len(parts) > MAX_PARTS:
+            listing = ", ".join(f"'{_quote(folder / p['file'])}'" for p in parts)
+            parts = [_write_part(store, f"SELECT * FROM read_parquet([{listing}])", folder)]
+        _commit(store, folder, timeline, parts)
     except OSError as exc:
-        store.warnings.append(f"could not save the rank-step summary to {path} ({exc.strerror or exc}); "
+        store.warnings.append(f"could not save the rank-step summary in {folder} ({exc.strerror or exc}); "
                               "it is kept in memory for this session")
+        if first is not None:  # the older rows come from the parts still on disk
+            listing = ", ".join(f"'{_quote(folder / p['file'])}'" for p in manifest["parts"])
+            store.execute(f"""CREATE OR REPLACE TEMP TABLE _summary_rows AS
+                SELECT * FROM read_parquet([{listing}]) WHERE step < {int(first)}
+                UNION ALL BY NAME SELECT * FROM _summary_rows""")
         store.execute(f"CREATE OR REPLACE TEMP VIEW {SUMMARY_VIEW} AS SELECT * FROM _summary_rows")
         return SummaryState("memory", None, first)
     store.execute("DROP TABLE IF EXISTS _summary_rows")
-    _view(store, path)
-    return SummaryState(how, path, first)
+    _view(store, [folder / p["file"] for p in parts])
+    return SummaryState("built" if first is None else "extended", folder, first, len(parts))
 
 
-def _view(store: Store, path: Path) -> None:
-    store.execute(f"CREATE OR REPLACE TEMP VIEW {SUMMARY_VIEW} AS SELECT * FROM read_parquet('{_quote(path)}')")
+def _write_part(store: Store, select: str, folder: Path) -> dict:
+    """One Parquet part (sorted by step, zstd), written to a temporary name and renamed."""
+    name = f"part-{uuid.uuid4().hex[:16]}.parquet"
+    tmp = folder / f".{name}.tmp"
+    try:  # DuckDB writes it streaming: 10^7 rows would not fit in memory as one Arrow table
+        store.execute(f"COPY ({select} ORDER BY step, rank) TO '{_quote(tmp)}' "
+                      "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 262144)")
+        os.replace(tmp, folder / name)
+    finally:
+        tmp.unlink(missing_ok=True)
+    row = store.query(f"SELECT min(step) AS a, max(step) AS b FROM read_parquet('{_quote(folder / name)}')")
+    first, last = row.a.iloc[0], row.b.iloc[0]
+    empty = first is None or first != first
+    return {"file": name, "first": -1 if empty else int(first), "last": -1 if empty else int(last)}
+
+
+def _commit(store: Store, folder: Path, timeline: bool, parts: list[dict]) -> None:
+    """Replace the manifest (the moment the new summary becomes the summary), then collect garbage."""
+    write_json_atomic(folder / MANIFEST, {"version": FORMAT_VERSION, "fingerprint": _fingerprint(store),
+                                          "timeline": timeline, "segments": _encode(_segments(store)),
+                                          "parts": parts})
+    named = {p["file"] for p in parts} | {MANIFEST}
+    now = time.time()
+    for entry in os.scandir(folder):
+        if entry.name not in named and now - entry.stat().st_mtime > GC_AGE_S:
+            Path(entry.path).unlink(missing_ok=True)
+
+
+def _view(store: Store, files: list[Path]) -> None:
+    listing = ", ".join(f"'{_quote(f)}'" for f in files)
+    store.execute(f"CREATE OR REPLACE TEMP VIEW {SUMMARY_VIEW} AS SELECT * FROM read_parquet([{listing}])")
 
 
 def _quote(path: Path | str) -> str:
     return str(path).replace("'", "''")
 
 
-def _extend(store: Store, path: Path, cached: dict, first: int, progress=None) -> None:
-    """_summary_rows = the file's rows before step `first` + those from `first` on, rebuilt from the
-    events of those steps only (under private names: the Run's own tables are left alone)."""
+def _rebuild_from(store: Store, first: int, timeline: bool, progress=None) -> None:
+    """_summary_rows = the summary's rows from step `first` on, from the events of those steps only
+    (under private names: the Run's own tables are left alone)."""
     base = run_start_ns(store)
-    timeline = bool(cached["timeline"])
     batches = store.rank_batches(BATCH_RANKS)
     for i, source in enumerate(batches):
         if progress is not None:
@@ -163,8 +205,6 @@ def _extend(store: Store, path: Path, cached: dict, first: int, progress=None) -
     store.execute("CREATE OR REPLACE TEMP TABLE _summary_late AS " +
                   arrivals.rstrip().rstrip(";").replace("$min_lateness_s", MIN_LATENESS_S))
     store.execute(f"""CREATE OR REPLACE TEMP TABLE _summary_rows AS
-        SELECT * FROM read_parquet('{_quote(path)}') WHERE step < {int(first)}
-        UNION ALL BY NAME
         SELECT * FROM ({_SUMMARY_SELECT.format(rank_step="_summary_rank_step", late="_summary_late")})
         WHERE step >= {int(first)}""")
     for table in ("_summary_rank_step", "_summary_collectives", "_summary_late", "_summary_peer_step",
@@ -179,7 +219,7 @@ def _renamed(sql: str, old: str, new: str) -> str:
 
 
 def _first_step(store: Store, new: list[str]) -> int | None:
-    """First step any new segment holds (None: nothing new has a step, nothing to rebuild)."""
+    """First step any new segment holds (None: no step in them; a rebuild decides)."""
     listing = ", ".join(f"'{_quote(store.path / s)}'" for s in new)
     row = store.query(f"SELECT min(step) AS s FROM read_parquet([{listing}], union_by_name=true)")
     value = row.s.iloc[0] if len(row) else None

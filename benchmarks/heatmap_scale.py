@@ -8,7 +8,7 @@ the cost of building, reusing and extending the persisted rank-step summary on a
 
 Part 1 (the 2 s target, DESIGN.md section 6): 786 M raw events cannot be generated on the 2-core dev
 box, so the run directory holds the real 12,288-rank run.json, one empty events and one empty steps
-segment per rank, and RUN/analysis/rank_step.parquet synthesized in DuckDB with the summary's exact
+segment per rank, and the summary (RUN/analysis/rank_step/) synthesized in DuckDB with the summary's exact
 schema (checked against a real summary) from a simple timing model (1F1B stage bubble, noise, rank
 1000 slowed 1.3x from step 400). The summary records those segments, so `Run.open` + `Run.heatmap`
 take the same path as on a real run whose summary is up to date. Each metric runs in a fresh process
@@ -42,7 +42,7 @@ STRAGGLER, ONSET, SLOWDOWN = 1000, 400, 1.3
 _SYNTH = """
 WITH _g AS (
     SELECT t.rank, s.range AS step, t.pp, t.dp, t.tp, t.host,
-           (hash(t.rank * 1000003 + s.range) % 100000) / 100000.0 AS u,
+           (hash(t.rank::BIGINT * 1000003 + s.range) % 100000) / 100000.0 AS u,
            (hash(s.range) % 100000) / 100000.0 AS us,
            CASE WHEN t.rank = {straggler} AND s.range >= {onset} THEN {slowdown} ELSE 1.0 END AS slow,
            CASE WHEN s.range >= {onset} THEN {slowdown} - 1.0 ELSE 0.0 END AS job_slow
@@ -220,7 +220,7 @@ def child_build(run_dir: str) -> dict:
     t = time.perf_counter()
     run.heatmap("compute")
     return {"open_s": open_s, "summary_s": time.perf_counter() - t, "how": run.summary.how,
-            "from_step": run.summary.rebuilt_from_step, "peak_rss_mb": _rss_mb()}
+            "from_step": run.summary.rebuilt_from_step, "parts": run.summary.parts, "peak_rss_mb": _rss_mb()}
 
 
 def _in_child(kind: str, *args: str) -> dict:
@@ -255,7 +255,7 @@ def main() -> int:
     synth = args.out / f"synthetic-{world}x{args.steps}"
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
     gen_s = make_synthetic_run(synth, args.dp, args.tp, args.pp, args.steps)
-    size_mb = (synth / "analysis" / "rank_step.parquet").stat().st_size / 2**20
+    size_mb = sum(f.stat().st_size for f in (synth / "analysis" / "rank_step").glob("part-*.parquet")) / 2**20
     print(f"\n## {world:,} ranks x {args.steps:,} steps ({world * args.steps:,} rank-steps; summary file "
           f"{size_mb:.0f} MB, synthesized in {gen_s:.0f} s)\n")
     print("| metric | open (s) | first heatmap (s) | " + " | ".join(f"by {g}: query / callback (s)" for g in GROUPS)
@@ -293,7 +293,7 @@ def main() -> int:
     release(build, held)
     r = _in_child("build", str(build))
     print(f"| + steps {first_new}-{args.build_steps - 1} arrive | {r['open_s']:.2f} | {r['summary_s']:.2f} | "
-          f"{r['how']} from step {r['from_step']} | {r['peak_rss_mb']:.0f} |")
+          f"{r['how']} from step {r['from_step']} ({r['parts']} parts) | {r['peak_rss_mb']:.0f} |")
     merge_back(build)
     print(f"\nload average at end: {os.getloadavg()[0]:.2f}")
     return 0

@@ -1,6 +1,6 @@
-"""The per-rank-step summary persisted in RUN/analysis (analyzer/summary_cache.py): reused when the
-segments are unchanged, extended when a live run adds segments, rebuilt otherwise; same numbers as
-a full build either way."""
+"""The per-rank-step summary persisted in RUN/analysis/rank_step (analyzer/summary_cache.py): reused
+when the segments are unchanged, extended by a new part when a live run adds segments, rebuilt
+otherwise; the same numbers as a full build either way."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ STEPS = 12
 def _split(run: Path, first_of_second: int, spill_rows: int = 0) -> Path:
     """Move each rank's rows from step `first_of_second` on (and `spill_rows` rows before it, as a
     flush mid-step does) out of seg-000000 into a held-back folder; returns that folder."""
-    held = run.parent / (run.name + "-later")
+    held = run.parent / f"{run.name}-from-{first_of_second}"
     for table in ("events", "steps"):
         for folder in sorted((run / table).iterdir()):
             seg = folder / "seg-000000.parquet"
@@ -60,7 +60,7 @@ def sim(tmp_path) -> Path:
 def _fresh(run: Path, tmp_path: Path) -> pd.DataFrame:
     """The summary of a full build over a copy of the run (no file to reuse)."""
     copy = tmp_path / "full-copy"
-    shutil.copytree(run, copy, ignore=shutil.ignore_patterns(summary_cache.ANALYSIS_DIR))
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns("analysis"))
     r = Run.open(copy)
     frame = _summary(r)
     assert r.summary.how == "built"
@@ -70,7 +70,8 @@ def _fresh(run: Path, tmp_path: Path) -> pd.DataFrame:
 def test_built_once_then_reused(sim):
     first = Run.open(sim)
     a = _summary(first)
-    assert first.summary.how == "built" and (sim / "analysis" / "rank_step.parquet").is_file()
+    assert first.summary.how == "built" and first.summary.parts == 1
+    assert (sim / "analysis" / "rank_step" / "manifest.json").is_file()
     assert len(a) == 4 * STEPS and a.late_count.sum() > 0
     again = Run.open(sim)
     b = _summary(again)
@@ -89,8 +90,34 @@ def test_new_segments_extend_the_summary(sim, tmp_path, spill_rows):
     extended = _summary(live)
     assert live.summary.how == "extended"
     assert live.summary.rebuilt_from_step == (7 if spill_rows else 8)
+    # the old part is kept (or cut at the first rebuilt step), the new steps are a part of their own
+    assert live.summary.parts == 2
     pd.testing.assert_frame_equal(extended, _fresh(sim, tmp_path), check_dtype=False)
-    assert Run.open(sim).heatmap("lateness").values.size and len(extended) == 4 * STEPS
+    again = Run.open(sim)
+    assert again.heatmap("lateness").values.size and again.summary.how == "reused"
+    assert len(extended) == 4 * STEPS
+
+
+def test_many_extensions_are_merged_and_old_parts_collected(sim, tmp_path, monkeypatch):
+    monkeypatch.setattr(summary_cache, "MAX_PARTS", 2)
+    monkeypatch.setattr(summary_cache, "GC_AGE_S", 0.0)
+    held_late = _split(sim, 9)                       # steps 9-11 come last
+    held_mid = _split(sim, 5, spill_rows=0)          # steps 5-8 before them
+    _summary(Run.open(sim))
+    _release(sim, held_mid)
+    mid = Run.open(sim)
+    _summary(mid)
+    assert (mid.summary.how, mid.summary.parts) == ("extended", 2)
+    for table in ("events", "steps"):                # steps 9-11 arrive as a third segment per rank
+        for folder in (held_late / table).iterdir():
+            os.replace(folder / "seg-000001.parquet", sim / table / folder.name / "seg-000002.parquet")
+    late = Run.open(sim)
+    merged = _summary(late)
+    assert (late.summary.how, late.summary.parts) == ("extended", 1)  # 3 parts > MAX_PARTS: merged
+    folder = sim / "analysis" / "rank_step"
+    assert sorted(p.name for p in folder.iterdir() if p.name.startswith("part-")) == \
+        [p["file"] for p in summary_cache.read_manifest(folder)["parts"]]  # unnamed parts collected
+    pd.testing.assert_frame_equal(merged, _fresh(sim, tmp_path), check_dtype=False)
 
 
 def test_removed_segment_forces_a_rebuild(sim):
@@ -119,8 +146,7 @@ def test_unwritable_run_dir_keeps_the_summary_in_memory(sim, monkeypatch):
     summary = _summary(run)
     assert run.summary.how == "memory" and len(summary) == 4 * STEPS
     assert any("kept in memory" in w for w in run.warnings)
-    assert not (sim / "analysis" / "rank_step.parquet").exists()
-    assert not [p for p in (sim / "analysis").iterdir()]  # no temporary file left behind
+    assert not [p for p in (sim / "analysis" / "rank_step").iterdir()]  # no temporary file left behind
 
 
 def test_findings_first_then_heatmap_writes_from_the_built_tables(sim):
@@ -128,5 +154,7 @@ def test_findings_first_then_heatmap_writes_from_the_built_tables(sim):
     run.findings()
     _summary(run)
     assert run.summary.how == "built"
-    assert Run.open(sim).store.query("SELECT 1").size  # the file is readable by the next open
-    assert summary_cache.read_meta(sim / "analysis" / "rank_step.parquet")["timeline"] is True
+    again = Run.open(sim)
+    again.heatmap("compute")
+    assert again.summary.how == "reused"
+    assert summary_cache.read_manifest(sim / "analysis" / "rank_step")["timeline"] is True

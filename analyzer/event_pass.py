@@ -27,25 +27,69 @@ TIMELINE_GAP_SQL = "coalesce(e.gap_s, 0)"
 
 
 def build_event_pass(store: Store, progress=None) -> None:
-    """Create the temp tables `_rank_peer_step`, `rank_step` and `collective_instances`."""
+    """Create the temp tables `_rank_peer_step`, `rank_step` and `collective_instances`: per batch of
+    ranks, one read of its events (aggregated per rank-step-peer and per collective) and of its steps
+    (joined into the batch's rank_step rows), appended to the run-wide tables."""
     base = run_start_ns(store)
     timeline = len(store.topology) <= TIMELINE_ALWAYS_RANKS or needs_timeline(store, base)
-    batches = store.rank_batches(BATCH_RANKS)
-    for i, source in enumerate(batches):
+    batches = store.rank_prefix_batches(BATCH_RANKS) or [None]
+    gap = TIMELINE_GAP_SQL if timeline else SIMPLE_GAP_SQL
+    for i, prefixes in enumerate(batches):
         if progress is not None:
             progress("scanning events", i, len(batches))
-        store.execute("CREATE OR REPLACE TEMP TABLE _batch AS " + pass_sql(store, source, base, timeline))
-        # keep only what each grouping needs: the wide batch rows would fill DuckDB's memory
+        # the reads, rebuilt on retry (a damaged segment dropped from the batch's source)
+        store.run_with_retry(lambda: _read_batch(store, prefixes, base, timeline))
         verb = "CREATE OR REPLACE TEMP TABLE {} AS " if i == 0 else "INSERT INTO {} "
-        store.execute(verb.format("_rank_peer_step") + f"SELECT {RANK_COLUMNS} FROM _batch WHERE gset = 0")
-        store.execute(verb.format("_collective_partials") + f"SELECT {COLLECTIVE_COLUMNS} FROM _batch "
-                      "WHERE gset = 1 AND instance IS NOT NULL")
-        store.execute("DROP TABLE _batch")
+        store.execute(batch_rank_step_sql(gap, verb.format("rank_step")))
+        store.execute(verb.format("_rank_peer_step") + f"SELECT {RANK_COLUMNS} FROM _batch_peer_step")
+        store.execute(verb.format("_collective_partials") + f"SELECT {COLLECTIVE_COLUMNS} FROM _batch_partials")
+    for table in ("_batch_events", "_batch_steps", "_batch_peer_step", "_batch_partials"):
+        store.execute(f"DROP TABLE IF EXISTS {table}")
     if progress is not None:
         progress("scanning events", len(batches), len(batches))
-    store.execute(load_sql("rank_step").replace("{gap}", TIMELINE_GAP_SQL if timeline else SIMPLE_GAP_SQL))
     store.execute(load_sql("collectives").format(base=base))
     store.execute("DROP TABLE _collective_partials")
+
+
+def _read_batch(store: Store, prefixes: list[str] | None, base: int, timeline: bool) -> None:
+    """_batch_peer_step, _batch_partials (event_pass.sql or event_pass_flat.sql) and _batch_steps
+    from one batch's segments. Raw DuckDB calls: run_with_retry sees which segment failed."""
+    source = store.batch_source("events", prefixes)
+    if timeline:
+        store.con.execute("CREATE OR REPLACE TEMP TABLE _batch AS " + pass_sql(store, source, base, True))
+        # keep only what each grouping needs: the wide batch rows would fill DuckDB's memory
+        store.con.execute(f"CREATE OR REPLACE TEMP TABLE _batch_peer_step AS SELECT {RANK_COLUMNS} FROM _batch "
+                          "WHERE gset = 0")
+        store.con.execute(f"CREATE OR REPLACE TEMP TABLE _batch_partials AS SELECT {COLLECTIVE_COLUMNS} "
+                          "FROM _batch WHERE gset = 1 AND instance IS NOT NULL")
+        store.con.execute("DROP TABLE _batch")
+    else:
+        for statement in flat_pass_sql(store, source, base):
+            store.con.execute(statement)
+        store.con.execute("DROP TABLE _batch_events")
+    store.con.execute("CREATE OR REPLACE TEMP TABLE _batch_steps AS SELECT * FROM "
+                      + store.batch_source("steps", prefixes))
+
+
+def batch_rank_step_sql(gap: str, verb: str) -> str:
+    """rank_step.sql over one batch: its steps (_batch_steps) and its events' rows (_batch_peer_step)."""
+    sql = load_sql("rank_step").replace("{gap}", gap)
+    for old, new in (("CREATE OR REPLACE TEMP TABLE rank_step AS", verb), ("FROM _rank_peer_step", "FROM _batch_peer_step"),
+                     ("FROM steps s", "FROM _batch_steps s")):
+        if old not in sql:
+            raise RuntimeError(f"rank_step.sql no longer holds '{old}'; update event_pass.batch_rank_step_sql")
+        sql = sql.replace(old, new)
+    return sql
+
+
+def flat_pass_sql(store: Store, source: str, base: int) -> list[str]:
+    """The statements of event_pass_flat.sql over one source (no timeline: no sort)."""
+    topo = store.manifest["topology"]
+    dp, tp = int(topo["dp"]), int(topo["tp"])
+    join = "" if is_regular(store.topology, dp, tp) else "JOIN topology _t USING (rank)"
+    sql = load_sql("event_pass_flat").format(source=source, instance=instance_sql(store.topology, dp, tp, "_t"),
+                                             join=join, base=base)
+    return [s.strip() for s in sql.split("\n;\n") if s.strip()]
 
 
 def pass_sql(store: Store, source: str, base: int, timeline: bool = True) -> str:

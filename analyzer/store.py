@@ -26,6 +26,8 @@ class RunOpenError(RuntimeError):
     """The path is not a run directory megascope can read; the message says what to do."""
 
 
+METADATA_CACHE_MAX_FILES = 20_000
+"""Runs with more segments than this read Parquet footers without caching them."""
 _FILE_IN_ERROR = re.compile(r"""['"]([^'"]+\.parquet)['"]""")
 
 
@@ -66,7 +68,6 @@ class Store:
         self.con = duckdb.connect()
         self.con.execute(f"SET threads={threads or os.cpu_count() or 2}")
         self.con.execute("SET preserve_insertion_order=false")
-        self.con.execute("SET parquet_metadata_cache=true")
         # bounded memory: past this DuckDB spills aggregations to disk instead of growing
         self.con.execute(f"SET memory_limit='{memory_limit}'")
         self._spill = tempfile.TemporaryDirectory(prefix="megascope-duckdb-")
@@ -76,6 +77,10 @@ class Store:
         self.con.execute("CREATE TEMP TABLE topology AS SELECT * FROM _topology_df")
         self.con.unregister("_topology_df")
         self.files = {t: _segments(self.path, t) for t in TABLES}
+        # cached footers make repeated queries (dashboard) faster, but on 10^5 segments the cache
+        # (~20 KB a file) would take GBs for files the event pass reads once
+        cache = sum(len(f) for f in self.files.values()) <= METADATA_CACHE_MAX_FILES
+        self.con.execute(f"SET parquet_metadata_cache={'true' if cache else 'false'}")
         self._excluded: set[str] = set()
         self._folders: dict[str, tuple[int, dict[str, list[str]]]] = {}
         for table in TABLES:
@@ -161,28 +166,55 @@ class Store:
         return cached[1]
 
     def rank_batches(self, batch_ranks: int) -> list[str]:
-        """SQL sources that together hold every events segment, each about `batch_ranks` ranks' worth:
-        globs over rank-folder name prefixes (rank=00???: ranks 0-999), which bind fast. One source
-        (the `events` view) for small runs or once damaged segments forced an explicit file list."""
-        dirs = sorted({os.path.basename(os.path.dirname(f)) for f in self.files["events"]})
-        if len(dirs) <= batch_ranks or "events" in self._excluded:
-            return ["events"]
-        by_prefix: dict[str, int] = {}
+        """SQL sources that together hold every events segment, each about `batch_ranks` ranks' worth
+        (see rank_prefix_batches); one source (the `events` view) for small runs."""
+        batches = self.rank_prefix_batches(batch_ranks, ("events",))
+        return ["events"] if batches is None else [self.batch_source("events", b) for b in batches]
+
+    def rank_prefix_batches(self, batch_ranks: int, tables: tuple[str, ...] = ("events", "steps")
+                            ) -> list[list[str]] | None:
+        """Batches of about `batch_ranks` ranks as rank-folder name patterns (rank=00???: ranks 0-999;
+        fewer wildcards for smaller batches), the same ranks for every table, so a batch joins its
+        events with its own steps; globs over patterns bind much faster than lists of 10^4 paths.
+        None: a small run, one batch (the views). Turn a batch into SQL with `batch_source` inside the
+        action given to run_with_retry: a damaged segment found mid-pass changes the source."""
+        dirs = sorted({os.path.basename(os.path.dirname(f)) for t in tables for f in self.files[t]})
+        if len(dirs) <= batch_ranks:
+            return None
+        wild = max(0, min(3, len(str(batch_ranks)) - 1))  # 1024 -> 3 digits (1000 ranks a pattern)
+        by_pattern: dict[str, int] = {}
         for name in dirs:
-            by_prefix[name[:-3]] = by_prefix.get(name[:-3], 0) + 1
+            pattern = name[:len(name) - wild] + "?" * wild
+            by_pattern[pattern] = by_pattern.get(pattern, 0) + 1
         batches: list[list[str]] = [[]]
         count = 0
-        for prefix, n in by_prefix.items():
+        for pattern, n in by_pattern.items():
             if count and count + n > batch_ranks:
                 batches.append([])
                 count = 0
-            batches[-1].append(prefix)
+            batches[-1].append(pattern)
             count += n
-        columns = ", ".join(f'"{f.name}"' for f in TABLES["events"])
-        root = str(self.path / "events").replace("'", "''")
-        return ["(SELECT " + columns + " FROM read_parquet([" +
-                ", ".join(f"'{root}/{p}???/*.parquet'" for p in b) + "], hive_partitioning=false))"
-                for b in batches]
+        return batches
+
+    def batch_source(self, table: str, patterns: list[str] | None) -> str:
+        """SQL source of one table's segments in the rank folders matching `patterns` (one batch of
+        rank_prefix_batches; None: all, the table's view)."""
+        if patterns is None:
+            return table
+        wild = patterns[0].count("?")  # the patterns of one batch share their width
+        stems = {p[:len(p) - wild]: p for p in patterns}
+        folders = {name for name in self._by_folder(table) if name[:len(name) - wild] in stems}
+        if not folders:
+            return f"(SELECT * FROM {table} WHERE false)"
+        columns = ", ".join(f'"{f.name}"' for f in TABLES[table])
+        if table in self._excluded or not wild:  # the files themselves (a damaged one was dropped)
+            by_folder = self._by_folder(table)
+            listing = ", ".join("'" + f.replace("'", "''") + "'" for name in sorted(folders) for f in by_folder[name])
+        else:
+            root = str(self.path / table).replace("'", "''")
+            used = sorted({stems[name[:len(name) - wild]] for name in folders})
+            listing = ", ".join(f"'{root}/{p}/*.parquet'" for p in used)
+        return f"(SELECT {columns} FROM read_parquet([{listing}], hive_partitioning=false))"
 
     def query(self, sql: str, params: dict | list | None = None) -> pd.DataFrame:
         return self.run_with_retry(lambda: self.con.execute(sql, params or {}).df())

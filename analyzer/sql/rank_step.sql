@@ -17,7 +17,8 @@
 --   gap_p2p_s, gap_coll_s DOUBLE -- the part of gap_s right before p2p / collective issues
 --   own_s DOUBLE                 -- time the rank itself was busy or slow: compute + data wait + gaps
 --   other_s DOUBLE               -- step time covered by no blocking span (= gap_s, kept for readers)
--- Formatted: {gap} (the timeline's gaps, or for traces whose spans neither nest nor overlap - checked
+-- Run per batch of ranks (event_pass.batch_rank_step_sql appends each batch: its steps replace `steps`,
+-- its event rows `_rank_peer_step`). Formatted: {gap} (the timeline's gaps, or for traces whose spans neither nest nor overlap - checked
 -- on a sample, event_pass.py - the step time no span covers).
 --   n_events BIGINT
 CREATE OR REPLACE TEMP TABLE rank_step AS

@@ -11,7 +11,7 @@ import torch
 
 from megascope import tracer
 from megascope.tracer import comm_trace
-from megascope.tracer.completion import CompletionPoller
+from megascope.tracer.completion import CompletionTracker
 from megascope.trainer.config import TraceConfig
 
 
@@ -71,7 +71,7 @@ def test_completion_before_wait_ends_the_op_at_completion_without_a_wait_span(ac
     assert traced.watched
     work.complete()
     completed_ns = t.now_ns()
-    _until(lambda: t.registry.snapshot() == [])  # the poller saw it: no longer in flight
+    _until(lambda: t.registry.snapshot() == [])  # the sweeper saw it: no longer in flight
     time.sleep(0.05)
     wait_called_ns = t.now_ns()
     traced.wait()
@@ -153,37 +153,73 @@ def test_unsampled_step_records_nothing_but_still_tracks_in_flight(active):
     assert _rows(t, sink) == []
 
 
+def test_a_span_edge_after_completion_ends_the_op_without_the_sweeper(active):
+    t, sink = active
+    t.completion.sweep_s = 3600.0  # the background sweeper (after its current nap) stays out of it
+    time.sleep(0.05)
+    work = FakeWork()
+    traced = _issue(t, work)
+    with tracer.span("forward"):
+        work.complete()
+        completed_ns = t.now_ns()
+        time.sleep(0.05)
+    assert t.registry.snapshot() == []  # seen at the span's exit
+    time.sleep(0.05)
+    traced.wait()
+    rows = {r["name"]: r for r in _rows(t, sink)}
+    forward, op = rows["forward"], rows["grad_reduce_scatter"]
+    assert completed_ns <= op["end_ns"] <= forward["end_ns"]
+    assert "grad_reduce_scatter.wait" not in rows
+
+
 class _Item:
     def __init__(self) -> None:
         self.done = False
-        self.polled = 0
+        self.ended_at: int | None = None
 
-    def poll_done(self) -> bool:
-        self.polled += 1
+    def poll_done(self, now_ns: int | None) -> bool:
+        if self.done and self.ended_at is None:
+            self.ended_at = now_ns
         return self.done
 
 
-def test_poller_sleeps_while_nothing_is_pending():
-    poller = CompletionPoller(poll_s=0.001)
+def test_tracker_sweeps_end_only_what_completed():
+    tracker = CompletionTracker(sweep_s=3600.0)
+    try:
+        first, second = _Item(), _Item()
+        assert tracker.watch(first) and tracker.watch(second)
+        second.done = True
+        tracker.sweep(7)
+        assert (first.ended_at, second.ended_at, list(tracker.pending)) == (None, 7, [first])
+        first.done = True
+        tracker.sweep(9)
+        assert first.ended_at == 9 and not tracker.pending
+    finally:
+        tracker.close()
+
+
+def test_background_sweeper_ends_ops_while_the_training_thread_is_idle():
+    tracker = CompletionTracker(sweep_s=0.005)
     try:
         item = _Item()
-        assert poller.watch(item)
-        _until(lambda: item.polled >= 3)
+        tracker.watch(item)
         item.done = True
-        _until(lambda: poller.pending() == 0)
-        polls = poller.polls
-        time.sleep(0.05)
-        assert poller.polls == polls  # idle: no pass at all
+        _until(lambda: not tracker.pending)
+        assert tracker.sweeps >= 1
     finally:
-        poller.close()
+        tracker.close()
 
 
-def test_poller_is_bounded():
-    poller = CompletionPoller(max_pending=2)
+def test_tracker_is_bounded_and_drops_a_failing_work():
+    class Failing(_Item):
+        def poll_done(self, now_ns: int | None) -> bool:
+            raise RuntimeError("broken work")
+
+    tracker = CompletionTracker(sweep_s=3600.0, max_pending=2)
     try:
-        items = [_Item() for _ in range(3)]
-        assert [poller.watch(i) for i in items] == [True, True, False]
+        items = [Failing(), _Item(), _Item()]
+        assert [tracker.watch(i) for i in items] == [True, True, False]
+        tracker.sweep(1)
+        assert list(tracker.pending) == [items[1]]
     finally:
-        for i in items:
-            i.done = True
-        poller.close()
+        tracker.close()

@@ -103,6 +103,8 @@ class span:
             self._tracer = None
             return self
         self._tracer = tracer
+        if tracer.pending_works:  # async collectives in flight: observe their completion here
+            tracer.completion.sweep()  # type: ignore[union-attr]
         # CPU fast path inlined (the common case; ~2x cheaper than a call into the tracer per edge)
         self._token = _monotonic_ns() if tracer.timeline is None else tracer.begin_span()
         return self
@@ -118,6 +120,8 @@ class span:
             return False
         end = _monotonic_ns()
         try:  # guarded like every tracer entry point: monitoring never raises into training
+            if tracer.pending_works:
+                tracer.completion.sweep(end + tracer.clock.shift_ns)  # type: ignore[union-attr]
             shift = tracer.clock.shift_ns
             start = self._token + shift
             mb, chunk = self.microbatch, self.chunk

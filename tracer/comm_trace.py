@@ -5,7 +5,8 @@ Times of one op (events columns):
     start_ns  CPU sync: = issue_ns (the host runs the op inside the call); CPU async: when the backend
               call returned (the op is enqueued on the c10d worker); GPU: the start event on the stream
     end_ns    CPU sync: the call returned; CPU async collective: its completion, observed by the
-              completion poller or by wait(), whichever saw it first; CPU p2p (gloo reports no
+              completion tracker (tracer events of the training thread, a 50 ms sweeper) or by
+              wait(), whichever saw it first (see completion.py); CPU p2p (gloo reports no
               completion before wait()): wait() returned; GPU: the end event recorded after the call
               (sync) or after wait() made the current stream wait on the op (async)
 
@@ -91,7 +92,7 @@ class TracedWork:
         self._tracer = tracer  # the tracer that began the ops ends them, even after a deactivate()
         self._ended = False
         self.watched = False
-        """A completion poller observes this work (its is_completed() is meaningful)."""
+        """The completion tracker observes this work (its is_completed() is meaningful)."""
 
     def _end(self, end_ns: int | None = None) -> None:
         # first observation wins: a concurrent second call is a no-op in end_comm_host (op.done)
@@ -105,13 +106,13 @@ class TracedWork:
             else:
                 tracer.end_comm_host(op, end_ns)
 
-    def poll_done(self) -> bool:
-        """Completion poller thread: end the ops if the work completed."""
+    def poll_done(self, now_ns: int | None) -> bool:
+        """Completion tracker (training thread or sweeper): end the ops if the work completed."""
         if self._ended:
             return True
         if not self._work.is_completed():
             return False
-        self._end(self._tracer.now_ns())
+        self._end(self._tracer.now_ns() if now_ns is None else now_ns)
         return True
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
@@ -120,12 +121,10 @@ class TracedWork:
             self._end()
             return result
         tracer = self._tracer
-        if self.watched and self._work.is_completed():
-            # done before wait(): nothing blocks; the poller has not seen it yet, so this is the first
-            # observation of the completion
-            result = self._work.wait(*args, **kwargs)
-            self._end(tracer.now_ns())
-            return result
+        if tracer.pending_works:  # ends this op too if it completed before wait(): then nothing blocks
+            tracer.completion.sweep()
+            if self._ended:
+                return self._work.wait(*args, **kwargs)
         begin_ns = tracer.now_ns()
         result = self._work.wait(*args, **kwargs)
         end_ns = tracer.now_ns()

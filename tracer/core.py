@@ -13,6 +13,7 @@ import logging
 import math
 import threading
 import time
+from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +23,7 @@ from megascope.tracer import run_dir as rundir
 from megascope.tracer.buffer import TableBuffer
 from megascope.tracer.clock import HostClock
 from megascope.tracer.clock_sync import ClockSyncResult, estimate_offsets
-from megascope.tracer.completion import CompletionPoller
+from megascope.tracer.completion import CompletionTracker
 from megascope.tracer.flusher import Flusher
 from megascope.tracer.schedule import Schedule, check_level, every_n_steps
 from megascope.tracer.schema import TABLES
@@ -79,7 +80,10 @@ class Tracer:
         self._events = self.buffers["events"]
         self.sink = sink if sink is not None else ParquetSegmentSink(run_dir, self.rank)  # type: ignore[arg-type]
         self.flusher = self.watchdog = self.timeline = self.nvml = self.cupti = None
-        self.completion: CompletionPoller | None = None
+        self.completion: CompletionTracker | None = None
+        self.pending_works: deque = deque()
+        """Async works not yet seen complete (the completion tracker's); the hot path tests it for
+        emptiness and, when not empty, sweeps: completion observed at the training thread's own events."""
         if self.enabled:
             self._start_background()
             atexit.register(self.close)
@@ -87,7 +91,8 @@ class Tracer:
     def _start_background(self) -> None:
         cfg = self.cfg
         self.flusher = Flusher(self.buffers, self.sink, cfg.flush_interval_s)
-        self.completion = CompletionPoller()
+        self.completion = CompletionTracker()
+        self.pending_works = self.completion.pending
         self.watchdog = HangWatchdog(self.run_dir, self.rank, self.registry, cfg.hang_timeout_s,
                                      self.clock.now_ns, self._ambient)
         if self.is_cuda:
@@ -125,6 +130,8 @@ class Tracer:
         try:
             self.step, self.microbatch, self.chunk = int(step), -1, -1
             self.step_start_ns = self.now_ns()
+            if self.pending_works:
+                self.completion.sweep(self.step_start_ns)
             record = self.enabled and self.level != "step" and bool(self.schedule(self.step))
             self.recording = record
             self.recording_detail = record and self.level == "detail"
@@ -170,6 +177,8 @@ class Tracer:
         """Register an op about to be issued: sequence number, in-flight entry, issue and start time
         (start = issue on CPU until comm_trace.finish moves it to when an async call returned)."""
         try:
+            if self.pending_works:  # observe earlier async ops' completion first (they precede this)
+                self.completion.sweep()
             seq = self._seq.get(seq_key, 0)
             self._seq[seq_key] = seq + 1
             op = CommOp(name, kind, group_name, seq, peer, nbytes, self.step, self.microbatch,
@@ -240,6 +249,8 @@ class Tracer:
         if not self.enabled:
             return
         try:
+            if self.pending_works:
+                self.completion.sweep()
             self.buffers["steps"].append((
                 self.step if step is None else int(step),
                 self.step_start_ns if start_ns is None else int(start_ns),

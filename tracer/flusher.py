@@ -11,6 +11,8 @@ from __future__ import annotations
 import logging
 import threading
 
+import pyarrow as pa
+
 from megascope.tracer.buffer import TableBuffer
 from megascope.tracer.sink import Sink
 
@@ -30,6 +32,9 @@ class Flusher:
         self._stopping = False
         for buffer in buffers.values():
             buffer.wake = self._wake.set
+        # pyarrow imports pandas on its first conversion (~0.2-0.4 s holding the GIL): pay it here, at
+        # start, rather than in the first flush, where it would stall a training step
+        pa.array([0], type=pa.int64())
         self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
         self._thread.start()
 

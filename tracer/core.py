@@ -199,7 +199,7 @@ class Tracer:
                     return
                 op.done = True
             start = op.start
-            if start is not None and not hasattr(start, "query"):
+            if type(start) is int:  # host-timed (a CUDA start event is resolved by the timeline)
                 end = end_ns if end_ns is not None else self.now_ns()
                 self._events.append(op.row_prefix() + (op.issue_ns, start, end if end > start else start))
             self.registry.complete(op)

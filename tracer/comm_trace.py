@@ -24,10 +24,6 @@ import torch
 from megascope.tracer import api
 from megascope.tracer.watchdog import CommOp
 
-WAIT_SUFFIX = ".wait"
-"""Name suffix of the host span covering a blocking wait() on an async op."""
-
-
 def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
-from typing import Callable, Protocol
+from typing import Protocol
 
 log = logging.getLogger("megascope.tracer")
 

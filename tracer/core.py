@@ -36,6 +36,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("megascope.tracer")
 _monotonic_ns = time.monotonic_ns
 
+WAIT_SUFFIX = ".wait"
+"""Name suffix of the host span covering a blocking wait() on an async op (`<op>.wait`)."""
+
 
 def _default_config() -> "TraceConfig":
     from megascope.trainer.config import TraceConfig
@@ -227,7 +230,7 @@ class Tracer:
         if not self.recording:
             return
         try:
-            self._events.append((self.step, self.microbatch, self.chunk, op.name + ".wait", "host",
+            self._events.append((self.step, self.microbatch, self.chunk, op.name + WAIT_SUFFIX, "host",
                                  op.group_name, op.seq, op.peer, 0, start_ns, start_ns, end_ns))
         except Exception as exc:
             self._failed(f"{op.name} wait", exc)

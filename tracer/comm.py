@@ -119,7 +119,7 @@ def batch_isend_irecv(ops: list[dist.P2POp], group_name: str = "pp", names: list
         abort(traced)
         raise
     on_gpu = ops[0].tensor.is_cuda
-    # gloo p2p works report is_completed() only after wait(): no completion poller, wait() ends them
+    # gloo p2p works report is_completed() only after wait(): not watched by the completion tracker, wait() ends them
     if len(works) == len(ops):
         return [finish([op], work, on_gpu, has_completion=False) for op, work in zip(traced, works)]
     # coalesced (NCCL): every op completes with the batch, so each returned work ends all of them

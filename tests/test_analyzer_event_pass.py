@@ -93,3 +93,44 @@ def test_damaged_segment_mid_pass_is_dropped(run_dir, tmp_path, monkeypatch):
     rs = store.query("SELECT rank, count(*) AS n, sum(n_events) AS ev FROM rank_step GROUP BY rank ORDER BY rank")
     assert len(rs) == 16 and (rs.n == 6).all()  # its steps are still read
     assert (rs.ev[rs["rank"] != 6] > 0).all() and (rs.ev[rs["rank"] == 6] == 0).all()
+
+
+def _add_init_events(run_dir, ranks, step=-1):
+    """Events before the first step (init, importers): a segment per rank at a negative step."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from megascope.tracer.schema import EVENTS
+    first = pq.read_table(sorted((run_dir / "steps" / "rank=00000").glob("*.parquet"))[0]).column("start_ns")[0].as_py()
+    for r in ranks:
+        rows = [{"rank": r, "step": step, "microbatch": -1, "chunk": -1, "name": name, "kind": "host",
+                 "group": "", "seq": -1, "peer": -1, "bytes": 0, "issue_ns": first - 10_000_000 + 1000 * i,
+                 "start_ns": first - 10_000_000 + 1000 * i, "end_ns": first - 10_000_000 + 1000 * i + 500}
+                for i, name in enumerate(["init_process_group", "build_model", "load_checkpoint"])]
+        table = pa.Table.from_pylist(rows, schema=pa.schema([EVENTS.field(f.name) for f in EVENTS]))
+        pq.write_table(table, run_dir / "events" / f"rank={r:05d}" / "seg-init.parquet")
+
+
+def test_event_ids_before_the_first_step(run_dir, tmp_path):
+    import shutil
+    from megascope.analyzer import Run
+    from megascope.analyzer.step_graph import event_id, event_id_parts
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    _add_init_events(copy, [0, 1, 15])
+    run = Run.open(copy)
+    ev = run.events((-1, 1))
+    assert ev.event_id.is_unique and (ev.event_id >= 0).all()
+    init = ev[ev.step == -1]
+    assert len(init) == 9 and set(init["rank"]) == {0, 1, 15}
+    for r in ev.itertuples():
+        rank, step, pos = event_id_parts(r.event_id)
+        assert (rank, step) == (r.rank, r.step) and event_id(rank, step, pos) == r.event_id
+    # the same ids whatever window or rank filter is asked for
+    again = run.events((-1, -1), ranks=[15]).set_index("event_id")
+    assert list(again.name) == ["init_process_group", "build_model", "load_checkpoint"]
+    assert set(again.index) <= set(init.event_id)
+    # ids of the first step do not collide with those of step -1, on rank 0 or its neighbours
+    assert not set(init.event_id) & set(ev[ev.step >= 0].event_id)
+    assert event_id_parts(event_id(0, -256, 0)) == (0, -256, 0) and event_id(0, -256, 0) >= 0
+    # the analysis still runs: init events sit outside every step's rank_step row
+    assert len(run.rank_steps()) == 16 * 6 and run.dependencies(0).src_event_id.isin(ev.event_id).all()

@@ -70,7 +70,13 @@ FROM _p
 
 
 def _rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak RSS of this process since its exec (VmHWM; ru_maxrss would carry over the parent's peak
+    through fork, and the parent synthesized the summary in DuckDB)."""
+    try:
+        with open("/proc/self/status") as status:
+            return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _median_s(fn, repeat: int) -> tuple[float, object]:
@@ -243,6 +249,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=Path("/tmp/megascope-heatmap"))
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-build", action="store_true", help="part 1 only")
+    ap.add_argument("--keep", action="store_true", help="reuse part 1's synthesized run if it is there")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -254,7 +261,8 @@ def main() -> int:
     world = args.dp * args.tp * args.pp
     synth = args.out / f"synthetic-{world}x{args.steps}"
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
-    gen_s = make_synthetic_run(synth, args.dp, args.tp, args.pp, args.steps)
+    kept = args.keep and (synth / "analysis" / "rank_step" / "manifest.json").is_file()
+    gen_s = float("nan") if kept else make_synthetic_run(synth, args.dp, args.tp, args.pp, args.steps)
     size_mb = sum(f.stat().st_size for f in (synth / "analysis" / "rank_step").glob("part-*.parquet")) / 2**20
     print(f"\n## {world:,} ranks x {args.steps:,} steps ({world * args.steps:,} rank-steps; summary file "
           f"{size_mb:.0f} MB, synthesized in {gen_s:.0f} s)\n")

@@ -11,6 +11,7 @@ import pandas as pd
 
 from megascope.analyzer.layout import instance_keys
 from megascope.analyzer.store import Store, load_sql
+from megascope.tracer.schema import WAIT_SUFFIX
 
 ASYNC_NAMES = ("send_forward", "send_backward")
 """Non-blocking ops: they do not hold up the next op of their rank."""
@@ -61,7 +62,10 @@ def events_window(store: Store, first: int, last: int, ranks: list[int] | None, 
 
 
 def build_step_graph(store: Store, step: int, ranks: list[int] | None = None) -> StepGraph:
-    ev = events_window(store, step, step, ranks, limit=1 << 40).reset_index(drop=True)
+    ev = events_window(store, step, step, ranks, limit=1 << 40)
+    # `<op>.wait` spans (the host blocked on an async op) repeat the op's own end: the graph keeps
+    # the op, whose end the program order waits for, and drops the wait so nothing counts twice
+    ev = ev[~((ev.kind == "host") & ev.name.str.endswith(WAIT_SUFFIX))].reset_index(drop=True)
     n = len(ev)
     ranks_arr = ev["rank"].to_numpy()
     blocking = ~ev["name"].isin(ASYNC_NAMES).to_numpy()

@@ -26,7 +26,7 @@ from megascope.tracer.clock_sync import ClockSyncResult, estimate_offsets
 from megascope.tracer.completion import CompletionTracker
 from megascope.tracer.flusher import Flusher
 from megascope.tracer.schedule import Schedule, check_level, every_n_steps
-from megascope.tracer.schema import TABLES
+from megascope.tracer.schema import TABLES, WAIT_SUFFIX
 from megascope.tracer.sink import ParquetSegmentSink, Sink
 from megascope.tracer.watchdog import CommOp, HangWatchdog, InflightRegistry
 
@@ -35,9 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("megascope.tracer")
 _monotonic_ns = time.monotonic_ns
-
-WAIT_SUFFIX = ".wait"
-"""Name suffix of the host span covering a blocking wait() on an async op (`<op>.wait`)."""
 
 
 def _default_config() -> "TraceConfig":

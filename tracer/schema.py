@@ -12,6 +12,8 @@ SCHEMA_VERSION = 1
 """Version of the run-directory layout and table schemas below; stored in run.json."""
 
 KINDS = ("compute", "collective", "p2p", "host")
+WAIT_SUFFIX = ".wait"
+"""Name suffix of the host span covering a blocking wait() on an async op (`<op>.wait`)."""
 """Values of events.kind."""
 
 EVENTS = pa.schema([

@@ -43,7 +43,7 @@ def self_check_rows(records: list[dict[str, Any]]) -> pd.DataFrame:
     rows = []
     for rec in records:
         decision = rec.get("decision") or {}
-        rows.append({"attempt": rec.get("attempt"), "flagged ranks": _ranks_text(rec.get("flagged_ranks")),
+        rows.append({"attempt": rec.get("attempt"), "flagged ranks": _ranks_text(rec.get("flagged_ranks")) or "none",
                      "flagged hosts": ", ".join(map(str, rec.get("flagged_hosts") or [])) or "none",
                      "measured": _flagged_measures(rec), "decision": decision.get("action", "?"),
                      "reason": decision.get("reason", ""),

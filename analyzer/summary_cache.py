@@ -33,9 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from megascope.analyzer.event_pass import (BATCH_RANKS, COLLECTIVE_COLUMNS, RANK_COLUMNS, SIMPLE_GAP_SQL,
-                                           TIMELINE_ALWAYS_RANKS, TIMELINE_GAP_SQL, needs_timeline, pass_sql,
-                                           run_start_ns)
+from megascope.analyzer import event_pass as ep
 from megascope.analyzer.store import Store, load_sql
 from megascope.tracer.run_dir import write_json_atomic
 
@@ -96,7 +94,7 @@ def ensure_summary(store: Store, build_tables: Callable[[], None], tables_built:
             _rebuild_from(store, first, bool(manifest["timeline"]), progress)
             return _save(store, folder, manifest, bool(manifest["timeline"]), first)
     build_tables()
-    timeline = len(store.topology) <= TIMELINE_ALWAYS_RANKS or needs_timeline(store, run_start_ns(store))
+    timeline = len(store.topology) <= ep.TIMELINE_ALWAYS_RANKS or ep.needs_timeline(store, ep.run_start_ns(store))
     store.execute("CREATE OR REPLACE TEMP TABLE _summary_rows AS "
                   + _SUMMARY_SELECT.format(rank_step="rank_step", late="late_arrivals"))
     return _save(store, folder, None, timeline, None)
@@ -180,23 +178,19 @@ def _quote(path: Path | str) -> str:
 
 
 def _rebuild_from(store: Store, first: int, timeline: bool, progress=None) -> None:
-    """_summary_rows = the summary's rows from step `first` on, from the events of those steps only
-    (under private names: the Run's own tables are left alone)."""
-    base = run_start_ns(store)
-    batches = store.rank_batches(BATCH_RANKS)
-    for i, source in enumerate(batches):
+    """_summary_rows = the summary's rows from step `first` on, built as the event pass builds them
+    (event_pass.py: the same batches, SQL and gap rule) from the events and steps of those steps only,
+    into private tables: the Run's own rank_step and collective_instances are left alone."""
+    base = ep.run_start_ns(store)
+    batches = store.rank_prefix_batches(ep.BATCH_RANKS) or [None]
+    gap = ep.TIMELINE_GAP_SQL if timeline else ep.SIMPLE_GAP_SQL
+    for i, prefixes in enumerate(batches):
         if progress is not None:
             progress("updating the rank-step summary", i, len(batches))
-        recent = f"(SELECT * FROM {source} WHERE step >= {int(first)})"
+        store.run_with_retry(lambda: _read_recent_batch(store, prefixes, base, timeline, first))
         verb = "CREATE OR REPLACE TEMP TABLE {} AS " if i == 0 else "INSERT INTO {} "
-        store.execute("CREATE OR REPLACE TEMP TABLE _summary_batch AS " + pass_sql(store, recent, base, timeline))
-        store.execute(verb.format("_summary_peer_step") + f"SELECT {RANK_COLUMNS} FROM _summary_batch WHERE gset = 0")
-        store.execute(verb.format("_summary_partials") + f"SELECT {COLLECTIVE_COLUMNS} FROM _summary_batch "
-                      "WHERE gset = 1 AND instance IS NOT NULL")
-    store.execute("DROP TABLE IF EXISTS _summary_batch")
-    rank_step = _renamed(_renamed(load_sql("rank_step"), "TEMP TABLE rank_step AS", "TEMP TABLE _summary_rank_step AS"),
-                         "FROM _rank_peer_step", "FROM _summary_peer_step")
-    store.execute(rank_step.replace("{gap}", TIMELINE_GAP_SQL if timeline else SIMPLE_GAP_SQL))
+        store.execute(ep.batch_rank_step_sql(gap, verb.format("_summary_rank_step")))
+        store.execute(verb.format("_summary_partials") + f"SELECT {ep.COLLECTIVE_COLUMNS} FROM _batch_partials")
     collectives = _renamed(_renamed(load_sql("collectives"), "TEMP TABLE collective_instances AS",
                                     "TEMP TABLE _summary_collectives AS"),
                            "FROM _collective_partials", "FROM _summary_partials")
@@ -207,9 +201,27 @@ def _rebuild_from(store: Store, first: int, timeline: bool, progress=None) -> No
     store.execute(f"""CREATE OR REPLACE TEMP TABLE _summary_rows AS
         SELECT * FROM ({_SUMMARY_SELECT.format(rank_step="_summary_rank_step", late="_summary_late")})
         WHERE step >= {int(first)}""")
-    for table in ("_summary_rank_step", "_summary_collectives", "_summary_late", "_summary_peer_step",
-                  "_summary_partials"):
+    for table in ("_summary_rank_step", "_summary_collectives", "_summary_late", "_summary_partials",
+                  "_batch", "_batch_events", "_batch_steps", "_batch_peer_step", "_batch_partials"):
         store.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def _read_recent_batch(store: Store, prefixes: list[str] | None, base: int, timeline: bool, first: int) -> None:
+    """event_pass._read_batch restricted to steps >= first: _batch_peer_step, _batch_partials and
+    _batch_steps of one batch (raw DuckDB calls: run_with_retry sees which segment failed)."""
+    events = f"(SELECT * FROM {store.batch_source('events', prefixes)} WHERE step >= {int(first)})"
+    if timeline:
+        store.con.execute("CREATE OR REPLACE TEMP TABLE _batch AS " + ep.pass_sql(store, events, base, True))
+        store.con.execute(f"CREATE OR REPLACE TEMP TABLE _batch_peer_step AS SELECT {ep.RANK_COLUMNS} FROM _batch "
+                          "WHERE gset = 0")
+        store.con.execute(f"CREATE OR REPLACE TEMP TABLE _batch_partials AS SELECT {ep.COLLECTIVE_COLUMNS} "
+                          "FROM _batch WHERE gset = 1 AND instance IS NOT NULL")
+        store.con.execute("DROP TABLE _batch")
+    else:
+        for statement in ep.flat_pass_sql(store, events, base):
+            store.con.execute(statement)
+    store.con.execute("CREATE OR REPLACE TEMP TABLE _batch_steps AS SELECT * FROM "
+                      f"{store.batch_source('steps', prefixes)} WHERE step >= {int(first)}")
 
 
 def _renamed(sql: str, old: str, new: str) -> str:

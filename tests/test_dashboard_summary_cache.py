@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from megascope.analyzer import Run
-from megascope.analyzer import summary_cache
+from megascope.analyzer import event_pass, summary_cache
 from megascope.samples.simulator import SimConfig, simulate
 
 STEPS = 12
@@ -80,8 +80,11 @@ def test_built_once_then_reused(sim):
     assert "rank_step" not in again._built  # nothing scanned: the events were not read
 
 
-@pytest.mark.parametrize("spill_rows", [0, 3])
-def test_new_segments_extend_the_summary(sim, tmp_path, spill_rows):
+@pytest.mark.parametrize("spill_rows, flat", [(0, False), (3, False), (3, True)])
+def test_new_segments_extend_the_summary(sim, tmp_path, monkeypatch, spill_rows, flat):
+    if flat:  # the sort-free pass big runs take (event_pass_flat.sql), for the build and the extension
+        monkeypatch.setattr(event_pass, "TIMELINE_ALWAYS_RANKS", 0)
+        monkeypatch.setattr(event_pass, "needs_timeline", lambda store, base, tolerance=0.01: False)
     held = _split(sim, 8, spill_rows)
     early = Run.open(sim)
     assert _summary(early).step.max() == 7
@@ -92,6 +95,7 @@ def test_new_segments_extend_the_summary(sim, tmp_path, spill_rows):
     assert live.summary.rebuilt_from_step == (7 if spill_rows else 8)
     # the old part is kept (or cut at the first rebuilt step), the new steps are a part of their own
     assert live.summary.parts == 2
+    assert summary_cache.read_manifest(sim / "analysis" / "rank_step")["timeline"] is (not flat)
     pd.testing.assert_frame_equal(extended, _fresh(sim, tmp_path), check_dtype=False)
     again = Run.open(sim)
     assert again.heatmap("lateness").values.size and again.summary.how == "reused"

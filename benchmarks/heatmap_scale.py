@@ -236,6 +236,28 @@ def _in_child(kind: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def heatmap_part(args: argparse.Namespace) -> None:
+    """Part 1: the synthesized 12,288 x 1,000 run, one fresh process per metric."""
+    world = args.dp * args.tp * args.pp
+    synth = args.out / f"synthetic-{world}x{args.steps}"
+    kept = args.keep and (synth / "analysis" / "rank_step" / "manifest.json").is_file()
+    gen_s = float("nan") if kept else make_synthetic_run(synth, args.dp, args.tp, args.pp, args.steps)
+    size_mb = sum(f.stat().st_size for f in (synth / "analysis" / "rank_step").glob("part-*.parquet")) / 2**20
+    print(f"\n## {world:,} ranks x {args.steps:,} steps ({world * args.steps:,} rank-steps; summary file "
+          f"{size_mb:.0f} MB, " + ("kept from an earlier run" if kept else f"synthesized in {gen_s:.0f} s") + ")\n")
+    print("| metric | open (s) | first heatmap (s) | " + " | ".join(f"by {g}: query / callback (s)" for g in GROUPS)
+          + " | peak RSS (MB) |")
+    print("|---|---|---|" + "---|" * len(GROUPS) + "---|")
+    worst = 0.0
+    for metric in METRICS:
+        r = _in_child("metric", str(synth), metric, str(args.repeat))
+        cells = " | ".join(f"{r['groups'][g]['query_s']:.2f} / {r['groups'][g]['callback_s']:.2f}" for g in GROUPS)
+        worst = max(worst, r["first_s"], *(v["callback_s"] for v in r["groups"].values()))
+        print(f"| {metric} | {r['open_s']:.2f} | {r['first_s']:.2f} | {cells} | {r['peak_rss_mb']:.0f} |", flush=True)
+    print(f"\nslowest heatmap answer (callback, query included): {worst:.2f} s; figure JSON by rank "
+          f"{r['groups']['rank']['json_kb']:.0f} KB for {r['groups']['rank']['cells']:,} cells")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dp", type=int, default=96)
@@ -250,6 +272,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-build", action="store_true", help="part 1 only")
     ap.add_argument("--keep", action="store_true", help="reuse part 1's synthesized run if it is there")
+    ap.add_argument("--build-only", action="store_true", help="part 2 only")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -258,25 +281,9 @@ def main() -> int:
         print(json.dumps(result))
         return 0
 
-    world = args.dp * args.tp * args.pp
-    synth = args.out / f"synthetic-{world}x{args.steps}"
     print(f"load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
-    kept = args.keep and (synth / "analysis" / "rank_step" / "manifest.json").is_file()
-    gen_s = float("nan") if kept else make_synthetic_run(synth, args.dp, args.tp, args.pp, args.steps)
-    size_mb = sum(f.stat().st_size for f in (synth / "analysis" / "rank_step").glob("part-*.parquet")) / 2**20
-    print(f"\n## {world:,} ranks x {args.steps:,} steps ({world * args.steps:,} rank-steps; summary file "
-          f"{size_mb:.0f} MB, synthesized in {gen_s:.0f} s)\n")
-    print("| metric | open (s) | first heatmap (s) | " + " | ".join(f"by {g}: query / callback (s)" for g in GROUPS)
-          + " | peak RSS (MB) |")
-    print("|---|---|---|" + "---|" * len(GROUPS) + "---|")
-    worst = 0.0
-    for metric in METRICS:
-        r = _in_child("metric", str(synth), metric, str(args.repeat))
-        cells = " | ".join(f"{r['groups'][g]['query_s']:.2f} / {r['groups'][g]['callback_s']:.2f}" for g in GROUPS)
-        worst = max(worst, r["first_s"], *(v["callback_s"] for v in r["groups"].values()))
-        print(f"| {metric} | {r['open_s']:.2f} | {r['first_s']:.2f} | {cells} | {r['peak_rss_mb']:.0f} |", flush=True)
-    print(f"\nslowest heatmap answer (callback, query included): {worst:.2f} s; figure JSON by rank "
-          f"{r['groups']['rank']['json_kb']:.0f} KB for {r['groups']['rank']['cells']:,} cells")
+    if not args.build_only:
+        heatmap_part(args)
     if args.skip_build:
         return 0
 

@@ -1,6 +1,8 @@
-"""The one scan of the events (sql/event_pass.sql) that rank_step, the p2p links and the collective
-instances are all derived from, run over batches of ranks so that its window (each rank's timeline in
-time order) stays within a bounded amount of memory on 10^4-rank runs."""
+"""The one read of the events that rank_step, the p2p links and the collective instances are all
+derived from, run over batches of ranks (bounded memory on 10^4-rank runs). Each batch reads its
+events once - through the timeline (sql/event_pass.sql: a window per rank-step, for traces whose spans
+nest or overlap) or without it (sql/event_pass_flat.sql: big traces whose spans do not, checked on a
+sample) - and its own steps segments, and appends its rows to the run-wide tables."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from megascope.analyzer.layout import instance_sql, is_regular
 from megascope.analyzer.store import Store, load_sql
 
 BATCH_RANKS = 1024
-"""Ranks per batch of the event pass: each batch is one windowed scan of those ranks' segments."""
+"""Ranks per batch of the event pass: each batch reads those ranks' events and steps segments once."""
 RANK_COLUMNS = ("rank, step, peer, compute_ns, forward_ns, backward_ns, optimizer_ns, nested_ns, recv_ns, "
                 "collective_ns, data_wait_ns, gap_ns, gap_p2p_ns, gap_coll_ns, send_min_ns, sends, recv_min_ns, "
                 "n_events")

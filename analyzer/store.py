@@ -165,12 +165,6 @@ class Store:
             self._folders[table] = cached
         return cached[1]
 
-    def rank_batches(self, batch_ranks: int) -> list[str]:
-        """SQL sources that together hold every events segment, each about `batch_ranks` ranks' worth
-        (see rank_prefix_batches); one source (the `events` view) for small runs."""
-        batches = self.rank_prefix_batches(batch_ranks, ("events",))
-        return ["events"] if batches is None else [self.batch_source("events", b) for b in batches]
-
     def rank_prefix_batches(self, batch_ranks: int, tables: tuple[str, ...] = ("events", "steps")
                             ) -> list[list[str]] | None:
         """Batches of about `batch_ranks` ranks as rank-folder name patterns (rank=00???: ranks 0-999;

@@ -105,14 +105,17 @@ def find_hang(store: Store) -> HangReport | None:
     step = int(min(int(r.get("step", 0)) for r in records.values()))
     last = _last_events(store, sorted(suspects))
     sus = sorted(suspects)
-    hosts = hosts_of(store.topology, sus)
-    where = ", ".join(hosts) if hosts else "?"
-    summary = (f"The job hung at step {step}: {len(records)} ranks wait in {op_rec} and everyone is waiting "
-               f"on rank{'s' if len(sus) > 1 else ''} {rank_list(sus)} ({where}), which "
-               f"{'are' if len(sus) > 1 else 'is'} stuck and wrote nothing; dump its stacks "
-               f"(py-spy dump) and check its GPU, then restart without host {hosts[0] if hosts else '?'}.")
+    hosts = [h for h in hosts_of(store.topology, sus) if h != "unknown"]  # imports may not know hosts
+    when = f"at step {step}" if step >= 0 else "outside any recorded training step"
+    summary = (f"The job hung {when}: {len(records)} ranks wait in {op_rec} and everyone is waiting "
+               f"on rank{'s' if len(sus) > 1 else ''} {rank_list(sus)}"
+               + (f" ({', '.join(hosts)})" if hosts else "")
+               + f", which {'are' if len(sus) > 1 else 'is'} stuck and wrote nothing; dump "
+               f"{'their' if len(sus) > 1 else 'its'} stacks (py-spy dump) and check "
+               f"{'their GPUs' if len(sus) > 1 else 'its GPU'}, then restart "
+               + (f"without host {hosts[0]}." if hosts else "without the suspect's host."))
     if cycle:
-        summary = (f"The job hung at step {step} in a wait cycle ({op_rec}); rank {sus[0]} got stuck first.")
+        summary = f"The job hung {when} in a wait cycle ({op_rec}); rank {sus[0]} got stuck first."
     waiting = sorted(r for r in records if r not in suspects)  # the suspect may have a record too (stuck earlier)
     return HangReport(sus, waiting, op_rec, step, summary,
                       {"waiting_count": len(records), "direct_waiters": sorted(int(r["rank"]) for r in direct)[:64],

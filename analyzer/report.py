@@ -55,6 +55,12 @@ def _robustness(run: "Run") -> dict:
             "summary": incidents.summarize(df) + self_checks.summarize(records)}
 
 
+def _steps_text(first: int, last: int) -> str:
+    if last < 0:
+        return "no step"
+    return f"step {first}" if first == last else f"steps {first}-{last}"
+
+
 def render_text(report: dict) -> str:
     """Findings first (one actionable sentence each), then the MFU summary."""
     lines = []
@@ -65,7 +71,7 @@ def render_text(report: dict) -> str:
     if report["findings"]:
         lines.append(f"Findings ({len(report['findings'])}):")
         for i, f in enumerate(report["findings"], 1):
-            steps = f"steps {f['steps'][0]}-{f['steps'][1]}"
+            steps = _steps_text(*f["steps"])
             lost = ""
             wi = f.get("what_if") or {}
             if wi.get("applicable"):

@@ -13,8 +13,8 @@ the digits that end the file name (torch's own `fr_trace` tool uses the same rul
 Completed ops become events; each rank's ops still in flight become an in-flight record
 (RUN/inflight/rank=NNNNN.json, the tracer watchdog's format), so the analyzer's hang analysis names
 the rank(s) everyone waits on: a rank that never joined has no op in flight, hence no record. Dumps
-carry no training step: events and records are put at step 0 (NO_STEP; the analyzer's event ids need
-a step >= 0).
+carry no training step: events and records are put at step -1 (NO_STEP, the step of events before the
+first training step), so they never mix into a training step's accounting.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from megascope.tracer.importers.writer import ImportInputError, RunWriter
 DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
                "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2, "byte": 1, "char": 1,
                "bool": 1, "uint8": 1, "int8": 1, "float8_e4m3fn": 1, "float8_e5m2": 1}
-NO_STEP = 0
+NO_STEP = -1
 _TRAILING_DIGITS = re.compile(r"(\d+)(?:\.\w+)?$")
 
 

@@ -11,16 +11,30 @@
 See docs/tracing.md (API, timing, clock alignment, failure handling) and docs/schema.md (tables).
 """
 
-from megascope.tracer.api import (activate, active, deactivate, now_ns, record_step, set_microbatch,
-                                  set_step, span)
-from megascope.tracer.clock import HostClock
-from megascope.tracer.clock_sync import ClockSyncResult
-from megascope.tracer.core import Tracer
-from megascope.tracer.schedule import LEVELS, every_n_steps
-from megascope.tracer.sink import MemorySink, ParquetSegmentSink, Sink
+from __future__ import annotations
 
-__all__ = [
-    "Tracer", "activate", "deactivate", "active", "set_step", "set_microbatch", "span", "record_step",
-    "now_ns", "HostClock", "ClockSyncResult", "LEVELS", "every_n_steps", "MemorySink",
-    "ParquetSegmentSink", "Sink",
-]
+import importlib
+from typing import Any
+
+# Imported on first use (PEP 562): the analyzer and the dashboard read megascope.tracer.schema and
+# run_dir and should not pay for torch, which the recording side needs.
+_EXPORTS = {
+    "activate": "api", "active": "api", "deactivate": "api", "now_ns": "api", "record_step": "api",
+    "set_microbatch": "api", "set_step": "api", "span": "api",
+    "HostClock": "clock", "ClockSyncResult": "clock_sync", "Tracer": "core",
+    "LEVELS": "schedule", "every_n_steps": "schedule",
+    "MemorySink": "sink", "ParquetSegmentSink": "sink", "Sink": "sink",
+}
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'megascope.tracer' has no attribute '{name}'")
+    value = getattr(importlib.import_module(f"megascope.tracer.{_EXPORTS[name]}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -20,7 +20,8 @@ dash.register_page(__name__, path="/", name="Overview", order=0, title="megascop
 # finding kind -> (page, heatmap metric) that shows it best
 _FINDING_VIEWS = {
     "straggler": ("heatmap", "compute"), "stage_imbalance": ("heatmap", "compute"),
-    "late_launch": ("heatmap", "lateness"), "network_flap": ("heatmap", "exposed_comm"),
+    "workload_imbalance": ("heatmap", "compute"), "late_launch": ("heatmap", "lateness"),
+    "network_flap": ("heatmap", "exposed_comm"), "slow_link": ("heatmap", "exposed_comm"),
     "mfu_drop": ("heatmap", "mfu"), "hang": ("topology", None),
 }
 

@@ -3,6 +3,8 @@
 Views: `events`, `steps`, `gpu` (Parquet segments, all ranks), `topology` (from run.json).
 Damaged segments (truncated, corrupt, foreign) are dropped from the views with a warning instead of
 failing the whole analysis: the first query that trips on one names the file, we exclude it and retry.
+After an elastic restart, `events` and `steps` (and every per-rank source) keep only the latest
+attempt of each (rank, step) (attempts.py).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
+from megascope.analyzer import attempts
 from megascope.tracer import run_dir as rd
 from megascope.tracer.schema import TABLES, SchemaVersionError
 
@@ -83,12 +86,26 @@ class Store:
         self.con.execute(f"SET parquet_metadata_cache={'true' if cache else 'false'}")
         self._excluded: set[str] = set()
         self._folders: dict[str, tuple[int, dict[str, list[str]]]] = {}
+        self.attempt_bounds = 0
+        """Attempts after a rank's first (elastic restarts, attempts.py); when > 0 every events and
+        steps source drops the rows of earlier attempts of a step."""
         for table in TABLES:
             self._make_view(table)
             if len(self.files[table]) <= 2000:  # big runs: the first scan (with retry) validates
                 self.run_with_retry(lambda: self.con.execute(f"SELECT count(*) FROM {table}").fetchall())
         if not self.files["events"] and not self.files["steps"]:
             self.warnings.append("the run has no readable events or steps segments yet")
+        self._find_attempts()
+
+    def _find_attempts(self) -> None:
+        """Per-rank restart bounds, only when the run records a restart or is small (no scan else)."""
+        times = attempts.restart_times_ns(self.path, self.manifest, self.warnings)
+        if not self.files["steps"] or (times is None and len(self.files["steps"]) > attempts.SCAN_MAX_FILES):
+            return
+        self.attempt_bounds = self.run_with_retry(lambda: attempts.build_bounds(self.con, "steps", times or []))
+        if self.attempt_bounds:
+            for table in attempts.TIME_COLUMN:
+                self._make_view(table)
 
     def _make_view(self, table: str) -> None:
         files = self.files[table]
@@ -102,9 +119,12 @@ class Store:
             source = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
         else:  # a glob binds much faster than a list of 10^4-10^5 paths
             source = "'" + str(self.path / table).replace("'", "''") + "/rank=*/*.parquet'"
-        self.con.execute(
-            f"CREATE OR REPLACE TEMP VIEW {table} AS SELECT {columns} FROM read_parquet({source}, "
-            "hive_partitioning=false)")
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS "
+                         + self._latest(table, f"SELECT {columns} FROM read_parquet({source}, hive_partitioning=false)"))
+
+    def _latest(self, table: str, select: str) -> str:
+        """`select` over raw segments, less the rows of earlier attempts when the run restarted."""
+        return attempts.latest_only(table, select) if self.attempt_bounds else select
 
     def run_with_retry(self, action: Callable[[], Any], attempts: int = 50) -> Any:
         """Run `action`; when DuckDB names a damaged segment, drop it from its view and retry."""
@@ -152,7 +172,7 @@ class Store:
             return f"(SELECT * FROM {table} WHERE false)"
         columns = ", ".join(f'"{f.name}"' for f in TABLES[table])
         listing = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
-        return f"(SELECT {columns} FROM read_parquet({listing}, hive_partitioning=false))"
+        return f"({self._latest(table, f'SELECT {columns} FROM read_parquet({listing}, hive_partitioning=false)')})"
 
     def _by_folder(self, table: str) -> dict[str, list[str]]:
         """Segments of a table by rank folder name (rank=NNNNN), built once per table and file list."""
@@ -208,7 +228,7 @@ class Store:
             root = str(self.path / table).replace("'", "''")
             used = sorted({stems[name[:len(name) - wild]] for name in folders})
             listing = ", ".join(f"'{root}/{p}/*.parquet'" for p in used)
-        return f"(SELECT {columns} FROM read_parquet([{listing}], hive_partitioning=false))"
+        return f"({self._latest(table, f'SELECT {columns} FROM read_parquet([{listing}], hive_partitioning=false)')})"
 
     def query(self, sql: str, params: dict | list | None = None) -> pd.DataFrame:
         return self.run_with_retry(lambda: self.con.execute(sql, params or {}).df())

@@ -85,6 +85,13 @@ def restart_times_ns(path: Path, manifest: dict[str, Any], warnings: list[str]) 
     return None
 
 
+def repeats_steps(con: duckdb.DuckDBPyConnection, steps: str) -> bool:
+    """Does any rank hold a step twice? The check of runs with no recorded restart: cheaper than the
+    bounds (a hash aggregate, no window), and a restart always repeats its resumed step (it resumes at
+    or after the step the previous attempt started from, and that attempt's flushed rows are contiguous)."""
+    return bool(con.execute(f"SELECT 1 FROM {steps} GROUP BY rank, step HAVING count(*) > 1 LIMIT 1").fetchall())
+
+
 def build_bounds(con: duckdb.DuckDBPyConnection, steps: str, times: list[int]) -> int:
     """Create the BOUNDS table from `steps` (a relation with rank, step, start_ns, end_ns: the
     unfiltered steps) and the restart times; returns its number of rows (0: one attempt per rank)."""

@@ -89,20 +89,25 @@ class Store:
         self.attempt_bounds = 0
         """Attempts after a rank's first (elastic restarts, attempts.py); when > 0 every events and
         steps source drops the rows of earlier attempts of a step."""
+        times = attempts.restart_times_ns(self.path, self.manifest, self.warnings)
+        scan_steps = bool(self.files["steps"]) and (times is not None or len(self.files["steps"]) <= attempts.SCAN_MAX_FILES)
         for table in TABLES:
             self._make_view(table)
-            if len(self.files[table]) <= 2000:  # big runs: the first scan (with retry) validates
+            # big runs: the first scan (with retry) validates; the attempts scan validates steps
+            if len(self.files[table]) <= 2000 and not (table == "steps" and scan_steps):
                 self.run_with_retry(lambda: self.con.execute(f"SELECT count(*) FROM {table}").fetchall())
+        if scan_steps:
+            self._find_attempts(times)
         if not self.files["events"] and not self.files["steps"]:
             self.warnings.append("the run has no readable events or steps segments yet")
-        self._find_attempts()
 
-    def _find_attempts(self) -> None:
-        """Per-rank restart bounds, only when the run records a restart or is small (no scan else)."""
-        times = attempts.restart_times_ns(self.path, self.manifest, self.warnings)
-        if not self.files["steps"] or (times is None and len(self.files["steps"]) > attempts.SCAN_MAX_FILES):
+    def _find_attempts(self, restart_times: list[int] | None) -> None:
+        """Per-rank restart bounds (attempts.py) from the unfiltered steps view; when there are any,
+        the events and steps views are remade without the earlier attempts' rows. No restart recorded
+        (None): only when some rank repeats a step."""
+        if restart_times is None and not self.run_with_retry(lambda: attempts.repeats_steps(self.con, "steps")):
             return
-        self.attempt_bounds = self.run_with_retry(lambda: attempts.build_bounds(self.con, "steps", times or []))
+        self.attempt_bounds = self.run_with_retry(lambda: attempts.build_bounds(self.con, "steps", restart_times or []))
         if self.attempt_bounds:
             for table in attempts.TIME_COLUMN:
                 self._make_view(table)

@@ -10,6 +10,7 @@ import pandas as pd
 
 from megascope.analyzer.layout import instance_sql, is_regular
 from megascope.analyzer.store import Store, load_sql
+from megascope.tracer.schema import WAIT_SUFFIX
 
 BATCH_RANKS = 1024
 """Ranks per batch of the event pass: each batch reads those ranks' events and steps segments once."""
@@ -28,6 +29,8 @@ SAMPLE_RANKS = 32
 SIMPLE_GAP_SQL = ("greatest((s.end_ns - s.start_ns) / 1e9 - coalesce(e.compute_s, 0) - coalesce(e.recv_s, 0) "
                   "- coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0)")
 TIMELINE_GAP_SQL = "coalesce(e.gap_s, 0)"
+_WAIT_LITERAL = "'" + WAIT_SUFFIX.replace("'", "''") + "'"
+"""The name suffix of `<op>.wait` host spans, as an SQL literal (both passes code them as waits)."""
 
 
 def build_event_pass(store: Store, progress=None) -> None:
@@ -93,7 +96,8 @@ def flat_pass_sql(store: Store, source: str, base: int) -> list[str]:
     dp, tp = int(topo["dp"]), int(topo["tp"])
     join = "" if is_regular(store.topology, dp, tp) else "JOIN topology _t USING (rank)"
     sql = load_sql("event_pass_flat").format(source=source, instance=instance_sql(store.topology, dp, tp, "_t"),
-                                             join=join, base=base)
+                                             join=join, base=base, wait_suffix=_WAIT_LITERAL,
+                                             async_op=async_op_sql(store))
     return [s.strip() for s in sql.split("\n;\n") if s.strip()]
 
 
@@ -106,9 +110,23 @@ def pass_sql(store: Store, source: str, base: int, timeline: bool = True) -> str
     if not timeline:
         head, rest = sql.split("), _timeline AS (", 1)
         sql = (head + "), _timeline AS (SELECT *, NULL::BIGINT AS busy, NULL::BIGINT AS coll_end, "
-               "NULL::BIGINT AS prev_end, NULL::BIGINT AS prev_start FROM _coded" + rest.split("-- timeline:end", 1)[1])
+               "NULL::BIGINT AS comm_end, NULL::BIGINT AS prev_end, NULL::BIGINT AS prev_start FROM _coded"
+               + rest.split("-- timeline:end", 1)[1])
     join = "" if is_regular(store.topology, dp, tp) else "JOIN topology _t USING (rank)"
-    return sql.format(source=source, instance=instance_sql(store.topology, dp, tp, "_t"), join=join, base=base)
+    return sql.format(source=source, instance=instance_sql(store.topology, dp, tp, "_t"), join=join, base=base,
+                      wait_suffix=_WAIT_LITERAL, async_op=async_op_sql(store))
+
+
+def async_op_sql(store: Store) -> str:
+    """SQL telling an async op of the CPU tracer (its start, the enqueue, after its issue; a sync op's
+    start is its issue) on traces that have `<op>.wait` rows (the CPU tracer: the first rank's events
+    are checked, a few files), else `false`. An async op without a wait row completed before wait():
+    it never blocked the rank. GPU traces (start: a CUDA event, after the host issue even for sync ops)
+    have no wait rows, and their issue_ns column is then not read."""
+    first = store.table_source("events", [int(store.topology["rank"].iloc[0])])
+    row = store.query(f"SELECT count(*) AS n FROM (SELECT 1 FROM {first} WHERE kind = 'host' "
+                      f"AND ends_with(name, {_WAIT_LITERAL}) LIMIT 1)")
+    return "issue_ns < start_ns" if len(row) and int(row.n.iloc[0]) > 0 else "false"
 
 
 def needs_timeline(store: Store, base: int, tolerance: float = 0.01) -> bool:

@@ -4,44 +4,83 @@
 -- (group, instance, seq) the arrival of its members.
 -- Timeline rules (spans of the real trainer overlap: async sends and reductions stay open while the
 -- rank computes, receives are posted one action ahead, tensor-parallel ops run inside forward):
---   nested  : a collective/p2p span that ends inside an open compute span (sync op inside forward,
---             backward or optimizer); its time is waiting, subtracted from that compute span.
+--   waits   : `<op>.wait` host spans (CPU tracer: the training thread blocked in wait() on async op
+--             <op>; tracer.schema.WAIT_SUFFIX) are the exposed time of their op, which is matched by
+--             (rank, group, seq, peer, direction) - in any step: a prefetched gather is waited in the
+--             next step - and counted nowhere itself ("waited": issue -> completion overlaps compute,
+--             hidden communication). On such traces an async op without a wait row ({async_op}: its
+--             start, the enqueue, after its issue) completed before wait(): hidden too. Other ops
+--             (sync ops; GPU and simulated traces: no wait rows, {async_op} is false) are their own
+--             exposed time.
+--   nested  : a collective/p2p span or a wait (not a waited op) that ends inside an open compute span
+--             (sync op inside forward, backward or optimizer; ZeRO's prefetched param_all_gather
+--             waited in the next forward); its time is waiting on communication, subtracted from
+--             that compute span and counted as collective / p2p (recv_ns) time.
 --   gap     : host time before an event is issued: start - the later of (the last compute/host end,
 --             the previous issue, the previous event's end if it completed, the latest collective end).
 --             An async send still in flight does not hide the rank's own delay before its next issue;
 --             waiting for an async reduction to complete does not count (an async collective still in
 --             flight does hide it: the conservative side, and it saves a second sort by end time).
 -- Formatted: {source} (events of a batch of ranks), {instance} (layout.instance_sql), {join} (a topology
--- join when ranks are not numbered regularly), {base} (a time origin, ns: an hour before the first step). Collective rows with a NULL
+-- join when ranks are not numbered regularly), {base} (a time origin, ns: an hour before the first step),
+-- {wait_suffix} (tracer.schema.WAIT_SUFFIX as an SQL literal), {async_op} (event_pass.async_op_sql: SQL
+-- true on async ops of traces with wait rows, else false). Collective rows with a NULL
 -- instance (non-collectives, unknown groups) are junk of the second grouping and dropped by the caller.
 --   gset INT                 -- 0: (rank, step, peer) rows; 1: collective partial rows
 --   per (rank, step, peer): compute_ns (inclusive), forward_ns, backward_ns, optimizer_ns (own time:
---     nested waits removed), recv_ns, collective_ns (not nested), data_wait_ns, gap_ns (host gaps),
+--     nested waits removed), nested_ns, recv_ns (receives outside compute, p2p waits, p2p nested in
+--     compute), collective_ns (collectives outside compute, collective waits, collectives nested in
+--     compute; waited ops excluded), data_wait_ns, gap_ns (host gaps),
 --     gap_p2p_ns, gap_coll_ns (gaps right before p2p / collective issues), send_min_ns, sends,
 --     recv_min_ns, n_events
 --   per collective: step, name, members, last_rank, last_issue_ns, first_issue_ns, issue_sum_ms
 --     (sum of issue - run start, ms, for the mean arrival), end_ns
-WITH _coded AS (
-    -- one small integer per event role, so the window sorts narrow rows (strings stay behind)
+WITH _raw AS MATERIALIZED (
+    -- one small integer per event role, so the window sorts narrow rows (strings stay behind):
+    -- 0-3 compute (forward, backward, optimizer, other), 4 data_wait, 5 other host, 6 collective,
+    -- 7 send, 8 recv, 9 other p2p, 10 other, 11-14 `<op>.wait` of a 6-9 op (its role + 5)
     SELECT rank, step, peer, start_ns, end_ns,
         CASE WHEN kind = 'compute' THEN (CASE name WHEN 'forward' THEN 0 WHEN 'backward' THEN 1
                                                    WHEN 'optimizer' THEN 2 ELSE 3 END)
-             WHEN kind = 'host' THEN (CASE WHEN name = 'data_wait' THEN 4 ELSE 5 END)
+             WHEN kind = 'host' THEN (CASE WHEN name = 'data_wait' THEN 4
+                                           WHEN NOT ends_with(name, {wait_suffix}) THEN 5
+                                           WHEN peer < 0 THEN 11 WHEN starts_with(name, 'send') THEN 12
+                                           WHEN starts_with(name, 'recv') THEN 13 ELSE 14 END)
              WHEN kind = 'collective' THEN 6
-             WHEN kind = 'p2p' THEN (CASE WHEN name LIKE 'send%' THEN 7 WHEN name LIKE 'recv%' THEN 8 ELSE 9 END)
+             WHEN kind = 'p2p' THEN (CASE WHEN starts_with(name, 'send') THEN 7
+                                          WHEN starts_with(name, 'recv') THEN 8 ELSE 9 END)
              ELSE 10 END::UTINYINT AS role,
-        -- collective key columns only on collectives: every other event falls in one junk group
-        CASE WHEN kind = 'collective' THEN "group" END AS "group",
-        CASE WHEN kind = 'collective' THEN seq END AS seq,
-        CASE WHEN kind = 'collective' THEN name END AS op_name
+        -- the op key (group, seq) of ops and waits; collective names for the second grouping
+        CASE WHEN kind IN ('collective', 'p2p') OR kind = 'host' AND ends_with(name, {wait_suffix})
+             THEN "group" END AS op_group,
+        CASE WHEN kind IN ('collective', 'p2p') OR kind = 'host' AND ends_with(name, {wait_suffix})
+             THEN seq END AS op_seq,
+        CASE WHEN kind = 'collective' THEN name END AS op_name,
+        kind IN ('collective', 'p2p') AND {async_op} AS async_op
     FROM {source}
+), _waits AS (
+    SELECT DISTINCT rank, op_group, op_seq, peer, role - 5 AS op_role FROM _raw WHERE role BETWEEN 11 AND 14
+), _coded AS (
+    SELECT r.rank, r.step, r.peer, r.start_ns, r.end_ns, r.role,
+        -- communication the thread may have sat in: waits, and sync ops (an async op is hidden: its
+        -- wait, if any, is the exposed part)
+        r.role BETWEEN 11 AND 14 OR (r.role BETWEEN 6 AND 9 AND w.rank IS NULL AND NOT r.async_op) AS comm,
+        -- collective key columns only on collectives: every other event falls in one junk group
+        CASE WHEN r.role = 6 THEN r.op_group END AS "group",
+        CASE WHEN r.role = 6 THEN r.op_seq END AS seq,
+        r.op_name
+    FROM _raw r LEFT JOIN _waits w
+        ON r.role = w.op_role AND r.rank = w.rank AND r.op_group = w.op_group AND r.op_seq = w.op_seq
+           AND r.peer = w.peer
 ), _timeline AS (  -- timeline:begin (event_pass.py swaps this block out for traces that need no sort)
     SELECT *,
         -- the latest-ending compute/host span issued before, and its role, in one running max of
         -- (end in us since base) * 16 + role: each framed aggregate is a pass over the rows, and us
         -- keep any run length within BIGINT ({base} is an hour before the run's first step)
-        max(((end_ns - {base}) // 1000) * 16 + role) FILTER (WHERE role <= 5) OVER _before AS busy,
+        max(((end_ns - {base}) // 1000) * 16 + role) FILTER (WHERE role <= 5 OR role BETWEEN 11 AND 14)
+            OVER _before AS busy,
         max(end_ns) FILTER (WHERE role IN (6, 8)) OVER _before AS coll_end,
+        max(end_ns) FILTER (WHERE comm) OVER _before AS comm_end,
         lag(end_ns) OVER _order AS prev_end,
         lag(start_ns) OVER _order AS prev_start
     FROM _coded
@@ -53,9 +92,10 @@ WITH _coded AS (
     SELECT *, (busy // 16) * 1000 + 999 + {base} AS busy_end, busy % 16 AS busy_role FROM _timeline
 ), _placed AS (
     SELECT *, end_ns - start_ns AS dur_ns,
-        coalesce(role BETWEEN 6 AND 9 AND busy_end >= end_ns, false) AS nested,
-        -- a nested wait overlapping the previous one (async gathers waited together) counts once
-        CASE WHEN prev_end < end_ns THEN end_ns - greatest(start_ns, prev_end) ELSE end_ns - start_ns END AS wait_ns,
+        coalesce(comm AND busy_end >= end_ns AND busy_role <= 3, false) AS nested,
+        -- a nested wait counts the time no earlier communication span covered (async ops without a
+        -- wait row overlap each other and the waits): the union, not the sum
+        CASE WHEN comm_end > start_ns THEN greatest(end_ns - comm_end, 0) ELSE end_ns - start_ns END AS wait_ns,
         CASE WHEN busy_end > start_ns OR prev_start IS NULL THEN 0
              ELSE greatest(start_ns - greatest(coalesce(busy_end, 0), prev_start,
                                                CASE WHEN prev_end <= start_ns THEN prev_end ELSE 0 END,
@@ -73,8 +113,12 @@ SELECT CAST(GROUPING(rank, step, peer) > 0 AS INT) AS gset, rank, step, peer, "g
     coalesce(sum(dur_ns) FILTER (WHERE role = 2), 0)
         - coalesce(sum(wait_ns) FILTER (WHERE nested AND busy_role = 2), 0) AS optimizer_ns,
     coalesce(sum(wait_ns) FILTER (WHERE nested), 0) AS nested_ns,
-    coalesce(sum(dur_ns) FILTER (WHERE role = 8 AND NOT nested), 0) AS recv_ns,
-    coalesce(sum(dur_ns) FILTER (WHERE role = 6 AND NOT nested), 0) AS collective_ns,
+    -- communication the rank sat in: outside compute its span, nested its wait (async sends in flight
+    -- outside compute are not waiting)
+    coalesce(sum(CASE WHEN nested THEN wait_ns ELSE dur_ns END)
+             FILTER (WHERE comm AND (role IN (8, 12, 13, 14) OR nested AND role IN (7, 9))), 0) AS recv_ns,
+    coalesce(sum(CASE WHEN nested THEN wait_ns ELSE dur_ns END) FILTER (WHERE comm AND role IN (6, 11)), 0)
+        AS collective_ns,
     coalesce(sum(dur_ns) FILTER (WHERE role = 4), 0) AS data_wait_ns,
     sum(gap_ns) AS gap_ns,
     coalesce(sum(gap_ns) FILTER (WHERE role BETWEEN 7 AND 9), 0) AS gap_p2p_ns,

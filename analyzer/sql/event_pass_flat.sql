@@ -5,23 +5,38 @@
 -- than the copy). Same output columns as event_pass.sql's two grouping sets; nested waits and host gaps
 -- are 0 (nothing nests; rank_step.sql takes the gaps from the step residual instead).
 -- Formatted: {source} (events of a batch of ranks), {instance} (layout.instance_sql), {join} (a topology
--- join when ranks are not numbered regularly), {base} (the time origin, ns). Statements are separated by
+-- join when ranks are not numbered regularly), {base} (the time origin, ns), {wait_suffix} (the name
+-- suffix of `<op>.wait` spans, an SQL literal), {async_op} (SQL: an async op of a trace with wait rows;
+-- see event_pass.sql for waits and async ops). Statements are separated by
 -- lines holding only ';' (event_pass.py runs them in order).
 CREATE OR REPLACE TEMP TABLE _batch_events AS
 SELECT rank, step, peer, start_ns, end_ns,
     -- one small integer per event role (event_pass.sql's codes), so the aggregates compare integers
     CASE WHEN kind = 'compute' THEN (CASE name WHEN 'forward' THEN 0 WHEN 'backward' THEN 1
                                                WHEN 'optimizer' THEN 2 ELSE 3 END)
-         WHEN kind = 'host' THEN (CASE WHEN name = 'data_wait' THEN 4 ELSE 5 END)
+         WHEN kind = 'host' THEN (CASE WHEN name = 'data_wait' THEN 4
+                                       WHEN NOT ends_with(name, {wait_suffix}) THEN 5
+                                       WHEN peer < 0 THEN 11 WHEN starts_with(name, 'send') THEN 12
+                                       WHEN starts_with(name, 'recv') THEN 13 ELSE 14 END)
          WHEN kind = 'collective' THEN 6
          WHEN kind = 'p2p' THEN (CASE WHEN starts_with(name, 'send') THEN 7
                                       WHEN starts_with(name, 'recv') THEN 8 ELSE 9 END)
          ELSE 10 END::UTINYINT AS role,
-    -- collective keys only on collectives (NULL elsewhere: cheap to hold)
-    CASE WHEN kind = 'collective' THEN "group" END AS "group",
-    CASE WHEN kind = 'collective' THEN seq END AS seq,
+    -- communication the thread may have sat in: sync ops and waits (a waited op is cleared below; an
+    -- async op, {async_op}, is hidden: its wait, if any, is the exposed part)
+    kind IN ('collective', 'p2p') AND NOT {async_op} OR kind = 'host' AND ends_with(name, {wait_suffix}) AS comm,
+    -- op keys (group, seq) of ops and waits (NULL elsewhere: cheap to hold), collective names on collectives
+    CASE WHEN kind IN ('collective', 'p2p') OR comm THEN "group" END AS "group",
+    CASE WHEN kind IN ('collective', 'p2p') OR comm THEN seq END AS seq,
     CASE WHEN kind = 'collective' THEN name END AS op_name
 FROM {source}
+;
+-- an op with a `<op>.wait` row (any step: a prefetched gather is waited in the next one) is hidden
+-- communication: its wait is the exposed part (a join on the waits only: none on GPU/simulated traces)
+UPDATE _batch_events e SET comm = false
+FROM (SELECT DISTINCT rank, "group", seq, peer, role - 5 AS op_role FROM _batch_events
+      WHERE role BETWEEN 11 AND 14) w
+WHERE e.role = w.op_role AND e.rank = w.rank AND e."group" = w."group" AND e.seq = w.seq AND e.peer = w.peer
 ;
 CREATE OR REPLACE TEMP TABLE _batch_peer_step AS
 SELECT rank, step, peer,
@@ -30,8 +45,9 @@ SELECT rank, step, peer,
     coalesce(sum(end_ns - start_ns) FILTER (WHERE role = 1), 0) AS backward_ns,
     coalesce(sum(end_ns - start_ns) FILTER (WHERE role = 2), 0) AS optimizer_ns,
     0::HUGEINT AS nested_ns,
-    coalesce(sum(end_ns - start_ns) FILTER (WHERE role = 8), 0) AS recv_ns,
-    coalesce(sum(end_ns - start_ns) FILTER (WHERE role = 6), 0) AS collective_ns,
+    -- nothing nests: receives and all p2p waits, collectives and their waits (waited ops excluded)
+    coalesce(sum(end_ns - start_ns) FILTER (WHERE comm AND role IN (8, 12, 13, 14)), 0) AS recv_ns,
+    coalesce(sum(end_ns - start_ns) FILTER (WHERE comm AND role IN (6, 11)), 0) AS collective_ns,
     coalesce(sum(end_ns - start_ns) FILTER (WHERE role = 4), 0) AS data_wait_ns,
     0::HUGEINT AS gap_ns, 0::HUGEINT AS gap_p2p_ns, 0::HUGEINT AS gap_coll_ns,
     min(end_ns - start_ns) FILTER (WHERE role = 7) AS send_min_ns,

@@ -134,3 +134,110 @@ def test_event_ids_before_the_first_step(run_dir, tmp_path):
     assert event_id_parts(event_id(0, -256, 0)) == (0, -256, 0) and event_id(0, -256, 0) >= 0
     # the analysis still runs: init events sit outside every step's rank_step row
     assert len(run.rank_steps()) == 16 * 6 and run.dependencies(0).src_event_id.isin(ev.event_id).all()
+
+
+# -- `<op>.wait` spans (the CPU tracer's record of the training thread blocked in wait() on an async op)
+
+def _rewrite_events(run_dir, fn):
+    """Apply fn(DataFrame) -> DataFrame to every events segment of run_dir, in place."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from megascope.tracer.schema import EVENTS
+    schema = pa.schema([EVENTS.field(f.name) for f in EVENTS])
+    for seg in sorted((run_dir / "events").glob("rank=*/*.parquet")):
+        ev = fn(pq.read_table(seg).to_pandas())
+        pq.write_table(pa.Table.from_pandas(ev, schema=schema, preserve_index=False), seg)
+
+
+def _with_waits(ev):
+    """Ops whose second half overlaps no compute span become async and waited (their `.wait` span is
+    that second half: not nested); the other ops become sync (issue = start)."""
+    from megascope.tracer.schema import WAIT_SUFFIX
+    ev = ev.assign(issue_ns=ev.start_ns)
+    ops = ev[ev.kind.isin(["p2p", "collective"])].copy()
+    mid = ops.end_ns - (ops.end_ns - ops.start_ns) // 2
+    comp = ev[ev.kind == "compute"]
+    free = [not ((comp["rank"] == r) & (comp.start_ns < e) & (comp.end_ns > m)).any()
+            for r, m, e in zip(ops["rank"], mid, ops.end_ns)]
+    ops = ops[free]
+    ev.loc[ops.index, "issue_ns"] = ops.start_ns - 1000   # async: enqueued after its issue
+    ops["name"] = ops["name"] + WAIT_SUFFIX
+    ops["kind"], ops["bytes"] = "host", 0
+    ops["issue_ns"] = ops["start_ns"] = ops["end_ns"] - (ops["end_ns"] - ops["start_ns"]) // 2
+    return pd.concat([ev, ops], ignore_index=True)
+
+
+def test_waits_are_the_exposed_time_on_both_passes(run_dir, tmp_path, monkeypatch):
+    import shutil
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    _rewrite_events(copy, _with_waits)
+    rs_t, ci_t, rps_t = _tables(copy, monkeypatch, timeline=True)
+    rs_f, ci_f, rps_f = _tables(copy, monkeypatch, timeline=False)
+    pd.testing.assert_frame_equal(rs_t[["rank", "step"] + EXACT], rs_f[["rank", "step"] + EXACT], check_dtype=False)
+    pd.testing.assert_frame_equal(ci_t, ci_f, check_dtype=False)
+    assert (rs_t.nested_wait_s == 0).all()
+    # the waits and the sync ops, not the async ops, are the rank's collective and p2p time (sends
+    # waited count as p2p waits; sync sends outside compute do not count: in flight, not waited)
+    ev = Store(copy).query("SELECT rank, step, kind, name, peer, end_ns - start_ns AS d, "
+                           "issue_ns = start_ns AS sync FROM events")
+    waits = ev[ev.name.str.endswith(".wait")]
+    sync = ev[ev.sync & (ev.kind == "collective") | ev.sync & ev.name.str.startswith("recv") & (ev.kind == "p2p")]
+    coll = pd.concat([waits[waits.peer < 0], sync[sync.kind == "collective"]]).groupby(["rank", "step"]).d.sum() / 1e9
+    p2p = pd.concat([waits[waits.peer >= 0], sync[sync.kind == "p2p"]]).groupby(["rank", "step"]).d.sum() / 1e9
+    got = rs_t.set_index(["rank", "step"])
+    np.testing.assert_allclose(got.collective_s, coll.reindex(got.index, fill_value=0), atol=1e-9)
+    np.testing.assert_allclose(got.recv_s, p2p.reindex(got.index, fill_value=0), atol=1e-9)
+    ops = ev[ev.kind == "collective"].groupby(["rank", "step"]).d.sum() / 1e9
+    assert (got.collective_s < ops.reindex(got.index, fill_value=0) - 1e-6).any()   # not the op spans
+    assert len(waits) > 100 and (waits.peer >= 0).any() and (waits.peer < 0).any()
+
+
+def _prefetch_waited_in_forward(run_dir, rank, step, gather_ns=3_000_000, wait_ns=1_500_000):
+    """Events of run_dir made sync (issue = start), plus on `rank` a ZeRO-style async
+    `param_all_gather` issued at the end of step - 1 and its `.wait` nested in step's first forward.
+    Returns the wait's duration (ns)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from megascope.tracer.schema import EVENTS, WAIT_SUFFIX
+    _rewrite_events(run_dir, lambda ev: ev.assign(issue_ns=ev.start_ns))
+    ev = pd.concat([pq.read_table(s).to_pandas() for s in (run_dir / "events" / f"rank={rank:05d}").glob("*.parquet")])
+    fwd = ev[(ev.step == step) & (ev.name == "forward")].sort_values("start_ns").iloc[0]
+    t0 = int(fwd.start_ns) + 100_000
+    assert t0 + wait_ns < fwd.end_ns
+    base = {"rank": rank, "microbatch": -1, "chunk": -1, "group": "dp", "seq": 10**6, "peer": -1}
+    rows = [dict(base, step=step - 1, name="param_all_gather", kind="collective", bytes=1 << 20,
+                 issue_ns=t0 + wait_ns - gather_ns - 1000, start_ns=t0 + wait_ns - gather_ns, end_ns=t0 + wait_ns),
+            dict(base, step=step, name="param_all_gather" + WAIT_SUFFIX, kind="host", bytes=0,
+                 issue_ns=t0, start_ns=t0, end_ns=t0 + wait_ns)]
+    table = pa.Table.from_pylist(rows, schema=pa.schema([EVENTS.field(f.name) for f in EVENTS]))
+    pq.write_table(table, run_dir / "events" / f"rank={rank:05d}" / "seg-prefetch.parquet")
+    return wait_ns
+
+
+def test_wait_nested_in_forward_is_exposed_communication(run_dir, tmp_path):
+    import shutil
+    from megascope.analyzer import Run
+    base_dir, waits_dir = tmp_path / "base", tmp_path / "waits"
+    shutil.copytree(run_dir, base_dir)
+    _rewrite_events(base_dir, lambda ev: ev.assign(issue_ns=ev.start_ns))
+    shutil.copytree(run_dir, waits_dir)
+    wait_s = _prefetch_waited_in_forward(waits_dir, rank=5, step=3) / 1e9
+    base, waits = Run.open(base_dir), Run.open(waits_dir)
+    b = base.rank_steps().set_index(["rank", "step"])
+    w = waits.rank_steps().set_index(["rank", "step"])
+    assert w.loc[(5, 3), "forward_s"] == pytest.approx(b.loc[(5, 3), "forward_s"] - wait_s, abs=1e-9)
+    assert w.loc[(5, 3), "compute_s"] == pytest.approx(b.loc[(5, 3), "compute_s"] - wait_s, abs=1e-9)
+    assert w.loc[(5, 3), "collective_s"] == pytest.approx(b.loc[(5, 3), "collective_s"] + wait_s, abs=1e-9)
+    assert w.loc[(5, 3), "nested_wait_s"] == pytest.approx(wait_s, abs=1e-9)
+    # the prefetched op (issued in step 2, overlapping its end and step 3's start) is hidden
+    assert w.loc[(5, 2), "collective_s"] == pytest.approx(b.loc[(5, 2), "collective_s"], abs=1e-9)
+    others = [i for i in w.index if i not in ((5, 3),)]
+    same = [c for c in EXACT if c != "n_events"]   # (5, 2) holds one more event: the op
+    pd.testing.assert_frame_equal(w.loc[others, same], b.loc[others, same], check_dtype=False)
+    bd = waits.breakdown().set_index(["step", "rank"])
+    parts = bd[["compute_s", "exposed_comm_s", "bubble_s", "data_wait_s", "other_s"]].sum(axis=1)
+    st = w.step_time_s.swaplevel().loc[parts.index]
+    assert abs(parts - st).max() < 1e-9
+    bb = base.breakdown().set_index(["step", "rank"])
+    assert bd.loc[(3, 5), "exposed_comm_s"] > bb.loc[(3, 5), "exposed_comm_s"]

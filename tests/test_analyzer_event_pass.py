@@ -241,3 +241,39 @@ def test_wait_nested_in_forward_is_exposed_communication(run_dir, tmp_path):
     assert abs(parts - st).max() < 1e-9
     bb = base.breakdown().set_index(["step", "rank"])
     assert bd.loc[(3, 5), "exposed_comm_s"] > bb.loc[(3, 5), "exposed_comm_s"]
+
+
+@pytest.mark.slow
+def test_real_trace_waits(tmp_path):
+    """A real traced run (ZeRO, dp=2, gloo): its `.wait` spans are the exposed communication, a wait
+    nested in forward (the prefetched param_all_gather, when it had not completed) is taken out of
+    forward, and the breakdown sums to the step time."""
+    import subprocess
+    import sys
+    from megascope.analyzer import Run
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "megascope", "train", "--preset", "tiny", "--dp", "2",
+                           "--steps", "6", "--run-dir", str(run_dir)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = Run.open(run_dir)
+    ev = run.store.query("SELECT rank, step, kind, name, start_ns, end_ns FROM events")
+    waits = ev[(ev.kind == "host") & ev.name.str.endswith(".wait")]
+    assert len(waits) and set(waits.name) >= {"grad_reduce_scatter.wait"}
+    rs = run.rank_steps().set_index(["rank", "step"])
+    bd = run.breakdown().set_index(["rank", "step"])
+    parts = bd[["compute_s", "exposed_comm_s", "bubble_s", "data_wait_s", "other_s"]].sum(axis=1)
+    assert abs(parts - rs.step_time_s.loc[parts.index]).max() < 1e-9
+    assert (rs.forward_s >= 0).all() and (rs.backward_s >= 0).all() and (rs.optimizer_s >= 0).all()
+    wait_s = waits.assign(d=(waits.end_ns - waits.start_ns) / 1e9).groupby(["rank", "step"]).d.sum()
+    assert (rs.collective_s.loc[wait_s.index] >= wait_s - 1e-9).all()   # every wait is collective time
+    # waits inside a forward span: out of forward_s (one forward holds at most one wait here)
+    fwd = ev[ev.name == "forward"]
+    inner = waits.merge(fwd, on=["rank", "step"], suffixes=("", "_f"))
+    inner = inner[(inner.start_ns >= inner.start_ns_f) & (inner.end_ns <= inner.end_ns_f)]
+    raw = fwd.assign(d=(fwd.end_ns - fwd.start_ns) / 1e9).groupby(["rank", "step"]).d.sum()
+    nested = inner.assign(d=(inner.end_ns - inner.start_ns) / 1e9).groupby(["rank", "step"]).d.sum()
+    for key, d in nested.items():
+        assert rs.forward_s.loc[key] == pytest.approx(raw.loc[key] - d, abs=1e-6)
+        assert rs.forward_s.loc[key] < raw.loc[key]
+    untouched = raw.index.difference(nested.index)
+    np.testing.assert_allclose(rs.forward_s.loc[untouched], raw.loc[untouched], atol=1e-6)

@@ -1,7 +1,8 @@
 -- breakdown: step-time breakdown per rank and step (seconds; the parts sum to the step time).
---   compute_s DOUBLE       -- compute spans
---   exposed_comm_s DOUBLE  -- collective time not hidden behind compute (spans, capped by what is left)
---   bubble_s DOUBLE        -- pipeline bubble: waiting on p2p receives from the neighbour stage
+--   compute_s DOUBLE       -- own compute (compute spans minus the communication waits inside them)
+--   exposed_comm_s DOUBLE  -- collective time not hidden behind compute (sync spans, `.wait` spans of
+--                             async ops, waits inside compute; capped by what is left)
+--   bubble_s DOUBLE        -- pipeline bubble: waiting on p2p receives (and p2p waits) from the neighbour stage
 --   data_wait_s DOUBLE     -- waiting for the input batch
 --   other_s DOUBLE         -- the rest: host gaps, launch delays, untraced work
 -- Overlapping spans (async ops, receives posted ahead) are taken in this order, each capped by what

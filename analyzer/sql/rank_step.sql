@@ -9,9 +9,14 @@
 --   compute_s DOUBLE             -- the rank's own compute: compute spans minus the waits nested in them
 --   forward_s, backward_s DOUBLE -- own forward / backward compute (the work judged against peers)
 --   optimizer_s DOUBLE           -- own optimizer time (its all-reduce/all-gather waits removed)
---   recv_s DOUBLE                -- p2p receive spans: waiting for the neighbour stage (pipeline bubble)
---   collective_s DOUBLE          -- collective spans not inside compute (waiting for the last member + transfer)
---   nested_wait_s DOUBLE         -- collective/p2p waits inside compute spans (tensor parallelism, clipping)
+--   recv_s DOUBLE                -- p2p time the rank sat in (pipeline bubble): receive spans outside compute,
+--                                   p2p `.wait` spans, p2p waits nested in compute
+--   collective_s DOUBLE          -- collective time the rank sat in (the last member + transfer): sync
+--                                   collective spans (outside compute, or their wait inside it) and
+--                                   `.wait` spans of async ones (an async op itself is hidden)
+--   nested_wait_s DOUBLE         -- collective/p2p waits inside compute spans (tensor parallelism, clipping,
+--                                   a prefetched param_all_gather waited in forward): out of compute_s,
+--                                   in collective_s / recv_s
 --   data_wait_s DOUBLE           -- host data_wait spans
 --   gap_s DOUBLE                 -- host time before the rank issued its ops (launch delays, pauses)
 --   gap_p2p_s, gap_coll_s DOUBLE -- the part of gap_s right before p2p / collective issues

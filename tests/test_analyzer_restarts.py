@@ -131,7 +131,7 @@ def test_runs_without_restarts_get_no_bounds_and_unchanged_views(runs):
 # ---- a real restarted run --------------------------------------------------------------------------
 TRAIN = [sys.executable, "-m", "megascope.cli", "train", "--preset", "tiny", "--dp", "2", "--pp", "2",
          "--steps", "16", "--checkpoint-every", "4", "--max-restarts", "1", "--inject", "crash:rank=1,at=10",
-         "--set", "trace.flush_interval_s=0.5"]
+         "--set", "trace.flush_interval_s=0.05"]  # ranks blocked in step 10 flush steps 8-9 before the kill
 
 
 @pytest.fixture(scope="module")

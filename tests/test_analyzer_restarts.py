@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from megascope.analyzer import Run
+from megascope.analyzer import Run, event_pass
 from megascope.samples.simulator import SimConfig, simulate
 
 STEPS, RESUME, CRASH = 12, 6, 9
@@ -103,6 +103,16 @@ def test_restarted_run_analyzes_like_the_run_without_the_replayed_steps(runs, tm
     assert [(f.kind, f.ranks, f.steps) for f in restarted.findings()] == \
         [(f.kind, f.ranks, f.steps) for f in reference.findings()]
     assert any(f.kind == "straggler" and f.ranks == [1] for f in restarted.findings())
+
+
+def test_batched_sort_free_event_pass_reads_the_latest_attempt_too(runs, tmp_path, monkeypatch):
+    """Big runs' event pass: batches of ranks read through batch_source, without the timeline."""
+    monkeypatch.setattr(event_pass, "BATCH_RANKS", 2)
+    monkeypatch.setattr(event_pass, "TIMELINE_ALWAYS_RANKS", 0)
+    restarted = Run.open(_clone(runs["restarted"], tmp_path / "r", runs["restart_ns"]))
+    assert restarted.store.rank_prefix_batches(2) is not None
+    assert not event_pass.needs_timeline(restarted.store, event_pass.run_start_ns(restarted.store))
+    pd.testing.assert_frame_equal(restarted.rank_steps(), Run.open(runs["reference"]).rank_steps())
 
 
 def test_summary_built_before_the_restart_is_extended_with_the_latest_attempt(runs, tmp_path):

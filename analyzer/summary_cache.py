@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
+
 from megascope.analyzer import event_pass as ep
 from megascope.analyzer.store import Store, load_sql
 from megascope.tracer.run_dir import write_json_atomic
@@ -152,7 +154,7 @@ def _write_part(store: Store, select: str, folder: Path) -> dict:
         tmp.unlink(missing_ok=True)
     row = store.query(f"SELECT min(step) AS a, max(step) AS b FROM read_parquet('{_quote(folder / name)}')")
     first, last = row.a.iloc[0], row.b.iloc[0]
-    empty = first is None or first != first
+    empty = bool(pd.isna(first))  # no rows: NULL comes back as None, NaN or pd.NA by dtype
     return {"file": name, "first": -1 if empty else int(first), "last": -1 if empty else int(last)}
 
 

@@ -162,3 +162,13 @@ def test_findings_first_then_heatmap_writes_from_the_built_tables(sim):
     again.heatmap("compute")
     assert again.summary.how == "reused"
     assert summary_cache.read_manifest(sim / "analysis" / "rank_step")["timeline"] is True
+
+
+def test_a_run_whose_segments_hold_no_rows_yet_gives_an_empty_heatmap(tmp_path: Path):
+    # a live run right after start: segments exist, no step has finished
+    run = simulate(tmp_path / "run", SimConfig(dp=2, tp=1, pp=1, steps=2))
+    for seg in list((run / "events").glob("*/*.parquet")) + list((run / "steps").glob("*/*.parquet")):
+        pq.write_table(pq.read_schema(seg).empty_table(), seg)
+    hm = Run.open(run).heatmap("compute")
+    assert hm.values.shape == (0, 0) and hm.rows == []
+    assert (run / "analysis" / "rank_step" / "manifest.json").is_file()

@@ -102,6 +102,16 @@ def ensure_summary(store: Store, build_tables: Callable[[], None], tables_built:
     return _save(store, folder, None, timeline, None)
 
 
+def is_current(store: Store) -> bool:
+    """Whether the persisted summary matches the run's segments and this analyzer's SQL (so opening
+    the run reuses it without reading events)."""
+    folder = summary_dir(store)
+    manifest = read_manifest(folder)
+    return (manifest is not None and manifest.get("fingerprint") == _fingerprint(store)
+            and all((folder / p["file"]).is_file() for p in manifest["parts"])
+            and _decode(manifest["segments"]) == _segments(store))
+
+
 def write_summary(store: Store, relation: str, timeline: bool = True) -> Path:
     """Write `relation` (rank_step_summary's columns) as the whole summary of the run's current
     segments, in one part. Used by benchmarks that synthesize a summary with the same schema."""

@@ -240,7 +240,9 @@ def heatmap_part(args: argparse.Namespace) -> None:
     """Part 1: the synthesized 12,288 x 1,000 run, one fresh process per metric."""
     world = args.dp * args.tp * args.pp
     synth = args.out / f"synthetic-{world}x{args.steps}"
-    kept = args.keep and (synth / "analysis" / "rank_step" / "manifest.json").is_file()
+    from megascope.analyzer.store import Store
+    from megascope.analyzer.summary_cache import is_current
+    kept = args.keep and (synth / "run.json").is_file() and is_current(Store(synth))  # else re-synthesize
     gen_s = float("nan") if kept else make_synthetic_run(synth, args.dp, args.tp, args.pp, args.steps)
     size_mb = sum(f.stat().st_size for f in (synth / "analysis" / "rank_step").glob("part-*.parquet")) / 2**20
     print(f"\n## {world:,} ranks x {args.steps:,} steps ({world * args.steps:,} rank-steps; summary file "

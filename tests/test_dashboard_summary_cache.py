@@ -169,6 +169,8 @@ def test_a_run_whose_segments_hold_no_rows_yet_gives_an_empty_heatmap(tmp_path: 
     run = simulate(tmp_path / "run", SimConfig(dp=2, tp=1, pp=1, steps=2))
     for seg in list((run / "events").glob("*/*.parquet")) + list((run / "steps").glob("*/*.parquet")):
         pq.write_table(pq.read_schema(seg).empty_table(), seg)
+    from megascope.analyzer.store import Store
+    assert not summary_cache.is_current(Store(run))
     hm = Run.open(run).heatmap("compute")
     assert hm.values.shape == (0, 0) and hm.rows == []
-    assert (run / "analysis" / "rank_step" / "manifest.json").is_file()
+    assert summary_cache.is_current(Store(run))

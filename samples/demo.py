@@ -1,8 +1,10 @@
 """`megascope demo`: the main job for a newcomer, end to end on a laptop-sized machine.
 
-Trains the tiny GPT on 4 CPU ranks (dp=2, pp=2) with one rank made 1.6x slower from step 8, traces
-it, analyzes the trace (the straggler should be named, its victims not), writes an HTML report and a
-Perfetto trace, and says how to open the dashboard.
+Trains the tiny GPT on 8 CPU ranks (dp=2, tp=2, pp=2: all three parallelisms) with two faults
+injected: rank 3 made 1.6x slower from step 8 (a straggler) and the pipeline link 1<->5 going down
+for 40 ms per transfer every 8 steps (a flapping link). Traces it, analyzes the trace (both faults
+should be named, their victims not), writes an HTML report and a Perfetto trace, and serves the
+dashboard on the run (the URL is printed; Ctrl-C stops it).
 """
 
 from __future__ import annotations
@@ -15,21 +17,25 @@ from megascope.cli import main as megascope
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
-        "demo", help="train, trace and diagnose a small job with an injected straggler",
-        description="End to end on a laptop: train a tiny GPT (dp=2, pp=2) with a straggler injected "
-                    "on one rank, analyze the trace, write an HTML report and a Perfetto trace.")
+        "demo", help="train, trace and diagnose a small 3D-parallel job with a straggler and a flapping link",
+        description="End to end on a laptop: train a tiny GPT on 8 CPU ranks (dp=2, tp=2, pp=2) with a "
+                    "straggler and a flapping pipeline link injected, analyze the trace, write an HTML "
+                    "report and a Perfetto trace, then serve the dashboard on the run.")
     p.add_argument("--run-dir", default="runs/demo", help="where the run goes")
     p.add_argument("--steps", type=int, default=30, help="training steps")
     p.add_argument("--clean", action="store_true", help="no injected fault (the analysis should find nothing)")
-    p.add_argument("--dashboard", action="store_true", help="open the dashboard on the run at the end")
+    p.add_argument("--no-dashboard", action="store_true", help="stop after the analysis instead of serving "
+                   "the dashboard")
+    p.add_argument("--port", type=int, default=8050, help="dashboard port on 127.0.0.1 (default 8050)")
 
 
 def run(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
-    train = ["train", "--preset", "tiny", "--dp", "2", "--pp", "2", "--steps", str(args.steps),
+    train = ["train", "--preset", "tiny", "--dp", "2", "--tp", "2", "--pp", "2", "--steps", str(args.steps),
              "--run-dir", str(run_dir)]
     if not args.clean:
-        train += ["--inject", "straggler:rank=1,slowdown=1.6,from=8"]
+        train += ["--inject", "straggler:rank=3,slowdown=1.6,from=8",
+                  "--inject", "flap:ranks=1-5,down_ms=40,period_steps=8"]
     print(f"== 1/3 training: megascope {' '.join(train)}", flush=True)
     if rc := megascope(train):
         return rc
@@ -41,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"\n== 3/3 export: megascope export {run_dir} --perfetto {trace}", flush=True)
     if rc := megascope(["export", str(run_dir), "--perfetto", str(trace)]):
         return rc
-    print(f"\nReport: {report}\nPerfetto trace: {trace} (open it at ui.perfetto.dev)\n"
-          f"Dashboard: megascope dashboard {run_dir}", flush=True)
-    if args.dashboard:
-        return megascope(["dashboard", str(run_dir)])
-    return 0
+    print(f"\nReport: {report}\nPerfetto trace: {trace} (open it at ui.perfetto.dev)", flush=True)
+    if args.no_dashboard:
+        print(f"Dashboard: megascope dashboard {run_dir}", flush=True)
+        return 0
+    print("\n== dashboard (Ctrl-C stops it)", flush=True)
+    return megascope(["dashboard", str(run_dir), "--port", str(args.port)])

@@ -117,16 +117,21 @@ def pass_sql(store: Store, source: str, base: int, timeline: bool = True) -> str
                       wait_suffix=_WAIT_LITERAL, async_op=async_op_sql(store))
 
 
-def async_op_sql(store: Store) -> str:
-    """SQL telling an async op of the CPU tracer (its start, the enqueue, after its issue; a sync op's
-    start is its issue) on traces that have `<op>.wait` rows (the CPU tracer: the first rank's events
-    are checked, a few files), else `false`. An async op without a wait row completed before wait():
-    it never blocked the rank. GPU traces (start: a CUDA event, after the host issue even for sync ops)
-    have no wait rows, and their issue_ns column is then not read."""
+def has_wait_spans(store: Store) -> bool:
+    """Whether the trace has `<op>.wait` rows: the CPU tracer's (gloo), whose p2p ops end when the host
+    called wait(), not when the bytes arrived. The first rank's events are checked (a few files)."""
     first = store.table_source("events", [int(store.topology["rank"].iloc[0])])
     row = store.query(f"SELECT count(*) AS n FROM (SELECT 1 FROM {first} WHERE kind = 'host' "
                       f"AND ends_with(name, {_WAIT_LITERAL}) LIMIT 1)")
-    return "issue_ns < start_ns" if len(row) and int(row.n.iloc[0]) > 0 else "false"
+    return bool(len(row) and int(row.n.iloc[0]) > 0)
+
+
+def async_op_sql(store: Store) -> str:
+    """SQL telling an async op of the CPU tracer (its start, the enqueue, after its issue; a sync op's
+    start is its issue) on traces that have `<op>.wait` rows, else `false`. An async op without a wait
+    row completed before wait(): it never blocked the rank. GPU traces (start: a CUDA event, after the
+    host issue even for sync ops) have no wait rows, and their issue_ns column is then not read."""
+    return "issue_ns < start_ns" if has_wait_spans(store) else "false"
 
 
 def needs_timeline(store: Store, base: int, tolerance: float = 0.01) -> bool:

@@ -1,7 +1,9 @@
 """Network flaps and slow links, per p2p link (rank pair) and per collective group instance.
 
 Three series, each against the links/groups of the same kind at the same step:
-- p2p transfer time with peer waiting removed (the per-step floor of min(send, recv) durations);
+- p2p transfer time with peer waiting removed (the per-step floor of min(send, recv) durations), on
+  traces whose p2p spans end when the transfer does (GPU, simulated, imported); on CPU (gloo) traces
+  a p2p span ends at its host's wait(), so this series is skipped there;
 - collective transfer time (end - last arrival);
 - p2p stalls: host time both ends of a link lost right before issuing their transfers to each other
   (a NIC or driver that blocks the issue: the transfer itself then looks normal, but both ends stall
@@ -20,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer.episodes import runs
+from megascope.analyzer.event_pass import has_wait_spans
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
 from megascope.analyzer.layout import group_members as layout_members
 from megascope.analyzer.peer_stats import noise_sigma, warmup_steps
@@ -65,6 +68,11 @@ class FlapDetector:
         return series[(series.lr >= threshold) & (series[value] - series.baseline_s >= c.min_extra_s)]
 
     def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: set[int]) -> list[Finding]:
+        if has_wait_spans(store):
+            # CPU (gloo) traces: a p2p span ends when its host called wait(), so its floor measures the
+            # hosts' scheduling, not the link (8 ranks on 2 cores gave false 2-step "flaps" of +1 ms);
+            # there a link shows as both ends stalled before their transfers (_stalls)
+            return []
         store.execute(load_sql("p2p_links"))
         bad = self._degraded(store.query(load_sql("p2p_series")), ["src", "dst"], "floor_s", warm)
         return self._links(store, bad, "floor_s", n_steps, bounds, "transfer")

@@ -1,5 +1,6 @@
 """`<op>.wait` host spans (the tracer's record of the training thread blocked on an async op) leave
-the dependency graph and the what-if replay unchanged: the op itself carries the dependency."""
+the dependency graph and the what-if replay unchanged (the op itself carries the dependency), and
+mark a CPU trace, whose p2p spans are not link transfer times."""
 
 from __future__ import annotations
 
@@ -49,3 +50,14 @@ def test_wait_spans_do_not_change_the_graph_or_the_what_if(plain, tmp_path):
         base.dependencies(2).groupby("kind").wait_s.sum().round(6).to_dict()
     finding = next(f for f in base.findings() if f.kind == "straggler")
     assert waits.what_if(finding)["throughput_lost"] == pytest.approx(base.what_if(finding)["throughput_lost"], abs=1e-3)
+
+
+def test_p2p_transfer_floors_are_not_read_as_link_times_on_cpu_traces(tmp_path):
+    # a simulated flap shows in the p2p transfer series; the same spans in a trace with `.wait` rows
+    # (the CPU tracer, whose p2p spans end at the host's wait()) are host scheduling, not the link
+    run_dir = simulate(tmp_path / "flap", SimConfig(dp=2, tp=1, pp=2, steps=20,
+                                                    inject=["flap:ranks=0-2,down_ms=150,period_steps=6,len=2"]))
+    flaps = [f for f in Run.open(run_dir).findings() if f.kind == "network_flap"]
+    assert [(f.ranks, f.evidence["signal"]) for f in flaps] == [([0, 2], "transfer")]
+    cpu = Run.open(_with_wait_spans(run_dir, tmp_path / "cpu"))
+    assert not [f for f in cpu.findings() if f.evidence.get("signal") == "transfer"]

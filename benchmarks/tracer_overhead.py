@@ -14,9 +14,11 @@ back to back, so slow drifts of a shared machine's load cancel); the pooled stat
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -62,6 +64,7 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
     times: dict[str, list[float]] = {"off": [], "on": []}
     cpu: dict[str, list[float]] = {"off": [], "on": []}  # process CPU time (all threads) per step
     rounds: list[dict[str, list[float]]] = []
+    by_role = {mode: {"training": 0.0, "tracer": 0.0, "process": 0.0} for mode in ("off", "on")}
     step = 0
     for _ in range(args.warmup):
         train_step(state, batch, cfg.train.lr)
@@ -69,6 +72,7 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
     for rnd in range(args.rounds):
         rounds.append({"off": [], "on": [], "cpu_off": [], "cpu_on": []})
         for mode in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
+            before = _cpu_by_role()
             if mode == "on":
                 tracer.activate(t)
             for _ in range(args.steps):
@@ -85,10 +89,28 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
                 rounds[-1]["cpu_" + mode].append(cpu[mode][-1])
                 step += 1
             tracer.deactivate()
+            after = _cpu_by_role()
+            for role in after:
+                by_role[mode][role] += after[role] - before[role]
     wakeups = t.completion.sweeps if t.completion is not None else 0
     t.close()
     spans = sum(tb.num_rows for tb in _read_events(trace_dir, rank))
-    return {"times": times, "cpu": cpu, "rounds": rounds, "spans": spans, "wakeups": wakeups}
+    return {"times": times, "cpu": cpu, "rounds": rounds, "spans": spans, "wakeups": wakeups,
+            "by_role": by_role}
+
+
+def _cpu_by_role() -> dict[str, float]:
+    """CPU seconds so far of this process: the training thread, the tracer's threads (megascope-*),
+    and everything (gloo's threads and the rest = process - training - tracer)."""
+    tracer_s = 0.0
+    for th in threading.enumerate():
+        if th.name.startswith("megascope-") and th.native_id is not None:
+            try:  # utime + stime, fields 14 and 15 of /proc/<pid>/task/<tid>/stat, in clock ticks
+                fields = Path(f"/proc/self/task/{th.native_id}/stat").read_text().rsplit(")", 1)[1].split()
+                tracer_s += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            except (OSError, IndexError, ValueError):
+                pass  # the thread ended, or no /proc (not Linux): counted under "other"
+    return {"training": time.thread_time(), "tracer": tracer_s, "process": time.process_time()}
 
 
 def _read_events(trace_dir: str, rank: int) -> list:
@@ -216,6 +238,21 @@ def main() -> None:
         per_span = (b - a) / spans_per_step * 1e9 if spans_per_step else float("nan")
         print(f"| {label} | {a * 1e3:.2f} | {b * 1e3:.2f} | {b / a:.4f} | {(b / a - 1) * 100:+.2f} | "
               f"{per_span:.0f} |")
+    print_cpu_by_role(result["by_role"], len(off), len(on))
+
+
+def print_cpu_by_role(by_role: dict[str, dict[str, float]], n_off: int, n_on: int) -> None:
+    """Where the extra CPU goes (rank 0, summed over all blocks of a mode, per step)."""
+    print("\nCPU per step by thread, rank 0 (us): where tracing costs")
+    print("| thread | off | on | on - off |\n|---|---:|---:|---:|")
+    for role, label in (("training", "training thread"), ("tracer", "tracer threads (megascope-*)"),
+                        ("other", "other threads (gloo, ...)"), ("process", "process")):
+        def per_step(mode: str, n: int) -> float:
+            d = by_role[mode]
+            value = d["process"] - d["training"] - d["tracer"] if role == "other" else d[role]
+            return 1e6 * value / max(n, 1)
+        a, b = per_step("off", n_off), per_step("on", n_on)
+        print(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} |")
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def build_event_pass(store: Store, progress=None) -> None:
         if progress is not None:
             progress("scanning events", i, len(batches))
         # the reads, rebuilt on retry (a damaged segment dropped from the batch's source)
-        store.run_with_retry(lambda: _read_batch(store, prefixes, base, timeline))
+        store.run_with_retry(lambda: read_batch(store, prefixes, base, timeline))
         verb = "CREATE OR REPLACE TEMP TABLE {} AS " if i == 0 else "INSERT INTO {} "
         store.execute(batch_rank_step_sql(gap, verb.format("rank_step")))
         store.execute(verb.format("_rank_peer_step") + f"SELECT {RANK_COLUMNS} FROM _batch_peer_step")
@@ -58,10 +58,15 @@ def build_event_pass(store: Store, progress=None) -> None:
     store.execute("DROP TABLE _collective_partials")
 
 
-def _read_batch(store: Store, prefixes: list[str] | None, base: int, timeline: bool) -> None:
+def read_batch(store: Store, prefixes: list[str] | None, base: int, timeline: bool,
+               first_step: int | None = None) -> None:
     """_batch_peer_step, _batch_partials (event_pass.sql or event_pass_flat.sql) and _batch_steps
-    from one batch's segments. Raw DuckDB calls: run_with_retry sees which segment failed."""
+    from one batch's segments, from `first_step` on when given (the summary cache's extension of a
+    live run). Raw DuckDB calls: run_with_retry sees which segment failed."""
+    since = "" if first_step is None else f" WHERE step >= {int(first_step)}"
     source = store.batch_source("events", prefixes)
+    if since:
+        source = f"(SELECT * FROM {source}{since})"
     if timeline:
         store.con.execute("CREATE OR REPLACE TEMP TABLE _batch AS " + pass_sql(store, source, base, True))
         # keep only what each grouping needs: the wide batch rows would fill DuckDB's memory
@@ -76,7 +81,7 @@ def _read_batch(store: Store, prefixes: list[str] | None, base: int, timeline: b
         store.con.execute("DROP TABLE _batch_events")
     # only the columns rank_step.sql reads (10^5 small files: every column chunk costs)
     store.con.execute(f"CREATE OR REPLACE TEMP TABLE _batch_steps AS SELECT {STEP_COLUMNS} FROM "
-                      + store.batch_source("steps", prefixes))
+                      + store.batch_source("steps", prefixes) + since)
 
 
 def batch_rank_step_sql(gap: str, verb: str) -> str:

@@ -199,7 +199,7 @@ def _rebuild_from(store: Store, first: int, timeline: bool, progress=None) -> No
     for i, prefixes in enumerate(batches):
         if progress is not None:
             progress("updating the rank-step summary", i, len(batches))
-        store.run_with_retry(lambda: _read_recent_batch(store, prefixes, base, timeline, first))
+        store.run_with_retry(lambda: ep.read_batch(store, prefixes, base, timeline, first))
         verb = "CREATE OR REPLACE TEMP TABLE {} AS " if i == 0 else "INSERT INTO {} "
         store.execute(ep.batch_rank_step_sql(gap, verb.format("_summary_rank_step")))
         store.execute(verb.format("_summary_partials") + f"SELECT {ep.COLLECTIVE_COLUMNS} FROM _batch_partials")
@@ -216,24 +216,6 @@ def _rebuild_from(store: Store, first: int, timeline: bool, progress=None) -> No
     for table in ("_summary_rank_step", "_summary_collectives", "_summary_late", "_summary_partials",
                   "_batch", "_batch_events", "_batch_steps", "_batch_peer_step", "_batch_partials"):
         store.execute(f"DROP TABLE IF EXISTS {table}")
-
-
-def _read_recent_batch(store: Store, prefixes: list[str] | None, base: int, timeline: bool, first: int) -> None:
-    """event_pass._read_batch restricted to steps >= first: _batch_peer_step, _batch_partials and
-    _batch_steps of one batch (raw DuckDB calls: run_with_retry sees which segment failed)."""
-    events = f"(SELECT * FROM {store.batch_source('events', prefixes)} WHERE step >= {int(first)})"
-    if timeline:
-        store.con.execute("CREATE OR REPLACE TEMP TABLE _batch AS " + ep.pass_sql(store, events, base, True))
-        store.con.execute(f"CREATE OR REPLACE TEMP TABLE _batch_peer_step AS SELECT {ep.RANK_COLUMNS} FROM _batch "
-                          "WHERE gset = 0")
-        store.con.execute(f"CREATE OR REPLACE TEMP TABLE _batch_partials AS SELECT {ep.COLLECTIVE_COLUMNS} "
-                          "FROM _batch WHERE gset = 1 AND instance IS NOT NULL")
-        store.con.execute("DROP TABLE _batch")
-    else:
-        for statement in ep.flat_pass_sql(store, events, base):
-            store.con.execute(statement)
-    store.con.execute("CREATE OR REPLACE TEMP TABLE _batch_steps AS SELECT * FROM "
-                      f"{store.batch_source('steps', prefixes)} WHERE step >= {int(first)}")
 
 
 def _renamed(sql: str, old: str, new: str) -> str:

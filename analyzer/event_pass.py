@@ -97,29 +97,31 @@ def batch_rank_step_sql(gap: str, verb: str) -> str:
 
 def flat_pass_sql(store: Store, source: str, base: int) -> list[str]:
     """The statements of event_pass_flat.sql over one source (no timeline: no sort)."""
-    topo = store.manifest["topology"]
-    dp, tp = int(topo["dp"]), int(topo["tp"])
-    join = "" if is_regular(store.topology, dp, tp) else "JOIN topology _t USING (rank)"
-    sql = load_sql("event_pass_flat").format(source=source, instance=instance_sql(store.topology, dp, tp, "_t"),
-                                             join=join, base=base, wait_suffix=_WAIT_LITERAL,
-                                             async_op=async_op_sql(store))
+    sql = _format_pass(load_sql("event_pass_flat"), store, source, base)
     return [s.strip() for s in sql.split("\n;\n") if s.strip()]
 
 
 def pass_sql(store: Store, source: str, base: int, timeline: bool = True) -> str:
     """The event pass over one source; without `timeline` the window (a sort of every event) is
     replaced by NULLs: nothing counts as nested, and gaps come from the step residual instead."""
-    topo = store.manifest["topology"]
-    dp, tp = int(topo["dp"]), int(topo["tp"])
     sql = load_sql("event_pass").rstrip().rstrip(";")
     if not timeline:
         head, rest = sql.split("), _timeline AS (", 1)
         sql = (head + "), _timeline AS (SELECT *, NULL::BIGINT AS busy, NULL::BIGINT AS coll_end, "
                "NULL::BIGINT AS comm_end, NULL::BIGINT AS prev_end, NULL::BIGINT AS prev_start FROM _coded"
                + rest.split("-- timeline:end", 1)[1])
+    return _format_pass(sql, store, source, base)
+
+
+def _format_pass(sql: str, store: Store, source: str, base: int) -> str:
+    """Fill an event-pass statement's placeholders; both passes code roles with sql/_event_role.sql."""
+    topo = store.manifest["topology"]
+    dp, tp = int(topo["dp"]), int(topo["tp"])
     join = "" if is_regular(store.topology, dp, tp) else "JOIN topology _t USING (rank)"
+    role = "\n".join(line for line in load_sql("_event_role").splitlines() if not line.startswith("--"))
     return sql.format(source=source, instance=instance_sql(store.topology, dp, tp, "_t"), join=join, base=base,
-                      wait_suffix=_WAIT_LITERAL, async_op=async_op_sql(store))
+                      wait_suffix=_WAIT_LITERAL, async_op=async_op_sql(store),
+                      event_role=role.format(wait_suffix=_WAIT_LITERAL))
 
 
 def has_wait_spans(store: Store) -> bool:

@@ -47,7 +47,7 @@ FORMAT_VERSION = 1
 MAX_PARTS = 32
 GC_AGE_S = 600.0
 MIN_LATENESS_S = "1e-4"  # as Run._ensure("collectives"): arrivals later than this count as late
-_SQL_FILES = ("event_pass", "rank_step", "collectives", "arrivals")
+_SQL_FILES = ("event_pass", "event_pass_flat", "_event_role", "rank_step", "collectives", "arrivals")
 _SUMMARY_SELECT = """SELECT rs.*, coalesce(la.late_count, 0)::BIGINT AS late_count, la.lateness_s
     FROM {rank_step} rs LEFT JOIN {late} la USING (rank, step)"""
 

@@ -36,20 +36,9 @@
 --   per collective: step, name, members, last_rank, last_issue_ns, first_issue_ns, issue_sum_ms
 --     (sum of issue - run start, ms, for the mean arrival), end_ns
 WITH _raw AS MATERIALIZED (
-    -- one small integer per event role, so the window sorts narrow rows (strings stay behind):
-    -- 0-3 compute (forward, backward, optimizer, other), 4 data_wait, 5 other host, 6 collective,
-    -- 7 send, 8 recv, 9 other p2p, 10 other, 11-14 `<op>.wait` of a 6-9 op (its role + 5)
+    -- one small integer per event role (sql/_event_role.sql), so the window sorts narrow rows
     SELECT rank, step, peer, start_ns, end_ns,
-        CASE WHEN kind = 'compute' THEN (CASE name WHEN 'forward' THEN 0 WHEN 'backward' THEN 1
-                                                   WHEN 'optimizer' THEN 2 ELSE 3 END)
-             WHEN kind = 'host' THEN (CASE WHEN name = 'data_wait' THEN 4
-                                           WHEN NOT ends_with(name, {wait_suffix}) THEN 5
-                                           WHEN peer < 0 THEN 11 WHEN starts_with(name, 'send') THEN 12
-                                           WHEN starts_with(name, 'recv') THEN 13 ELSE 14 END)
-             WHEN kind = 'collective' THEN 6
-             WHEN kind = 'p2p' THEN (CASE WHEN starts_with(name, 'send') THEN 7
-                                          WHEN starts_with(name, 'recv') THEN 8 ELSE 9 END)
-             ELSE 10 END::UTINYINT AS role,
+        {event_role} AS role,
         -- the op key (group, seq) of ops and waits; collective names for the second grouping
         CASE WHEN kind IN ('collective', 'p2p') OR kind = 'host' AND ends_with(name, {wait_suffix})
              THEN "group" END AS op_group,

@@ -11,17 +11,8 @@
 -- lines holding only ';' (event_pass.py runs them in order).
 CREATE OR REPLACE TEMP TABLE _batch_events AS
 SELECT rank, step, peer, start_ns, end_ns,
-    -- one small integer per event role (event_pass.sql's codes), so the aggregates compare integers
-    CASE WHEN kind = 'compute' THEN (CASE name WHEN 'forward' THEN 0 WHEN 'backward' THEN 1
-                                               WHEN 'optimizer' THEN 2 ELSE 3 END)
-         WHEN kind = 'host' THEN (CASE WHEN name = 'data_wait' THEN 4
-                                       WHEN NOT ends_with(name, {wait_suffix}) THEN 5
-                                       WHEN peer < 0 THEN 11 WHEN starts_with(name, 'send') THEN 12
-                                       WHEN starts_with(name, 'recv') THEN 13 ELSE 14 END)
-         WHEN kind = 'collective' THEN 6
-         WHEN kind = 'p2p' THEN (CASE WHEN starts_with(name, 'send') THEN 7
-                                      WHEN starts_with(name, 'recv') THEN 8 ELSE 9 END)
-         ELSE 10 END::UTINYINT AS role,
+    -- one small integer per event role (sql/_event_role.sql), so the aggregates compare integers
+    {event_role} AS role,
     -- communication the thread may have sat in: sync ops and waits (a waited op is cleared below; an
     -- async op, {async_op}, is hidden: its wait, if any, is the exposed part)
     kind IN ('collective', 'p2p') AND NOT {async_op} OR kind = 'host' AND ends_with(name, {wait_suffix}) AS comm,

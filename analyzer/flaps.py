@@ -4,7 +4,8 @@ Three series, each against the links/groups of the same kind at the same step:
 - p2p transfer time with peer waiting removed (the per-step floor of min(send, recv) durations), on
   traces whose p2p spans end when the transfer does (GPU, simulated, imported); on CPU (gloo) traces
   a p2p span ends at its host's wait(), so this series is skipped there;
-- collective transfer time (end - last arrival);
+- collective transfer time (end - last arrival), also skipped on CPU (gloo) traces, where an async
+  collective's end is when the tracer observed its completion;
 - p2p stalls: host time both ends of a link lost right before issuing their transfers to each other
   (a NIC or driver that blocks the issue: the transfer itself then looks normal, but both ends stall
   in the same steps; one end alone stalling is that rank's late launch, not the link).
@@ -104,6 +105,11 @@ class FlapDetector:
         return out
 
     def _collectives(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: set[int]) -> list[Finding]:
+        if has_wait_spans(store):
+            # CPU (gloo) traces: an async collective's end is when the tracer saw it complete (the next
+            # tracer event or sweep, up to ms later), so end - last arrival is not the group's transfer
+            # time (a clean real run gave a false dp-group "flap" of +0.9 ms)
+            return []
         bad = self._degraded(store.query(load_sql("collective_series")), ["group", "instance", "name"],
                              "effective_s", warm)
         if bad.empty:

@@ -1,14 +1,17 @@
 """Tracer overhead: the same training job with tracing off and on, interleaved (ABAB...), side by side.
 
-    python benchmarks/tracer_overhead.py [--preset tiny] [--dp 2] [--tp 1] [--pp 2] [--rounds 12] [--steps 10]
+    python benchmarks/tracer_overhead.py [--preset tiny] [--dp 2] [--tp 1] [--pp 2] [--rounds 400] [--steps 2]
 
 Prints step time off/on, the ratio, overhead %, spans per step and cost per span, plus microbenchmarks
 of the training thread's cost (ns) per span (no tracer, active on CPU, active with CUDA events when a
 GPU exists) and per async comm op (issue + wait, with and without a blocking wait).
 The job is the real trainer's step (parallelized GPT, every collective and p2p op traced through the
 comm layer) on a gloo group, tracing toggled between interleaved blocks inside the same processes.
-The headline is the median over rounds of each round's on/off ratio (the two blocks of a round run
-back to back, so slow drifts of a shared machine's load cancel); the pooled statistics follow.
+Each round runs an off block and an on block back to back (order alternating), so slow drifts of a
+shared machine's load cancel. For step time, the training thread's CPU time and the process's CPU
+time it prints on/off as the ratio of the means over all rounds with a 95% bootstrap interval over
+rounds (per-step noise here is +-10%: the interval says what a run can resolve), and the median of
+the per-round ratios.
 """
 
 from __future__ import annotations
@@ -20,7 +23,10 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 import torch
 import torch.distributed as dist
@@ -61,16 +67,14 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
     g = torch.Generator().manual_seed(rank // args.tp)
     m, b, s = micro_batches(cfg), cfg.train.micro_batch, cfg.model.seq_len
     batch = torch.randint(0, cfg.model.vocab_size, (m, b, s + 1), generator=g)
-    times: dict[str, list[float]] = {"off": [], "on": []}
-    cpu: dict[str, list[float]] = {"off": [], "on": []}  # process CPU time (all threads) per step
     rounds: list[dict[str, list[float]]] = []
-    by_role = {mode: {"training": 0.0, "tracer": 0.0, "process": 0.0} for mode in ("off", "on")}
+    by_role = {mode: dict.fromkeys(_cpu_by_role(), 0.0) for mode in ("off", "on")}
     step = 0
     for _ in range(args.warmup):
         train_step(state, batch, cfg.train.lr)
     t = tracer.Tracer(trace_dir, rank, cfg.trace, "cpu")
     for rnd in range(args.rounds):
-        rounds.append({"off": [], "on": [], "cpu_off": [], "cpu_on": []})
+        rounds.append({key + mode: [] for key in ("", "cpu_", "thread_") for mode in ("off", "on")})
         for mode in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
             before = _cpu_by_role()
             if mode == "on":
@@ -78,15 +82,14 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
             for _ in range(args.steps):
                 dist.barrier()
                 tracer.set_step(step)
-                start, cpu_start = time.perf_counter(), time.process_time()
+                start, cpu_start, thread_start = time.perf_counter(), time.process_time(), time.thread_time()
                 with tracer.span("data_wait", kind="host"):
                     pass  # batches are prepared up front; keep the span the real loop records
                 result = train_step(state, batch, cfg.train.lr)
                 tracer.record_step(tokens=result.tokens, loss=result.loss, grad_norm=result.grad_norm)
-                times[mode].append(time.perf_counter() - start)
-                cpu[mode].append(time.process_time() - cpu_start)
-                rounds[-1][mode].append(times[mode][-1])
-                rounds[-1]["cpu_" + mode].append(cpu[mode][-1])
+                rounds[-1][mode].append(time.perf_counter() - start)
+                rounds[-1]["cpu_" + mode].append(time.process_time() - cpu_start)
+                rounds[-1]["thread_" + mode].append(time.thread_time() - thread_start)
                 step += 1
             tracer.deactivate()
             after = _cpu_by_role()
@@ -95,7 +98,7 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
     wakeups = t.completion.sweeps if t.completion is not None else 0
     t.close()
     spans = sum(tb.num_rows for tb in _read_events(trace_dir, rank))
-    return {"times": times, "cpu": cpu, "rounds": rounds, "spans": spans, "wakeups": wakeups,
+    return {"rounds": rounds, "spans": spans, "wakeups": wakeups,
             "by_role": by_role}
 
 
@@ -105,9 +108,8 @@ def _cpu_by_role() -> dict[str, float]:
     tracer_s = 0.0
     for th in threading.enumerate():
         if th.name.startswith("megascope-") and th.native_id is not None:
-            try:  # utime + stime, fields 14 and 15 of /proc/<pid>/task/<tid>/stat, in clock ticks
-                fields = Path(f"/proc/self/task/{th.native_id}/stat").read_text().rsplit(")", 1)[1].split()
-                tracer_s += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            try:  # on-CPU ns of the thread (first field of schedstat; /proc/.../stat counts 10 ms ticks)
+                tracer_s += int(Path(f"/proc/self/task/{th.native_id}/schedstat").read_text().split()[0]) / 1e9
             except (OSError, IndexError, ValueError):
                 pass  # the thread ended, or no /proc (not Linux): counted under "other"
     return {"training": time.thread_time(), "tracer": tracer_s, "process": time.process_time()}
@@ -198,8 +200,9 @@ def main() -> None:
     p.add_argument("--dp", type=int, default=2)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=12)
-    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=400,
+                   help="interleaved off/on pairs; ~400 resolve +-0.5%% on this 2-core machine")
+    p.add_argument("--steps", type=int, default=2, help="steps per block (short blocks: more pairs)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--micro-only", action="store_true", help="only the ns-per-span microbenchmark")
     args = p.parse_args()
@@ -214,31 +217,48 @@ def main() -> None:
     if args.micro_only:
         return
     result = run_job(args)
-    off, on = result["times"]["off"], result["times"]["on"]
-    spans_per_step = result["spans"] / len(on)
-    ratios = sorted(statistics.median(r["on"]) / statistics.median(r["off"]) for r in result["rounds"])
-    q1, q3 = (statistics.quantiles(ratios, n=4)[i] for i in (0, 2)) if len(ratios) > 1 else (ratios[0],) * 2
-    med_off, med_on = statistics.median(off), statistics.median(on)
-    mean_off, mean_on = statistics.fmean(off), statistics.fmean(on)
+    rounds = result["rounds"]
+    n_on = sum(len(r["on"]) for r in rounds)
+    spans_per_step = result["spans"] / n_on
     print(f"\njob: megascope trainer, preset {args.preset}, dp={args.dp} tp={args.tp} pp={args.pp} on gloo; "
-          f"{args.rounds} rounds x {args.steps} steps per mode, interleaved; rank 0 step times; "
-          f"{spans_per_step:.0f} spans/step; completion sweeps/step (background thread, when something was pending) {result['wakeups'] / len(on):.1f}")
-    print("| statistic | off (ms) | on (ms) | on/off | overhead % | cost per span (ns) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    ratio = statistics.median(ratios)
-    per_span = (ratio - 1) * med_off / spans_per_step * 1e9 if spans_per_step else float("nan")
-    print(f"| median of per-round ratios (IQR {q1:.4f}-{q3:.4f}) | {med_off * 1e3:.2f} | "
-          f"{med_off * ratio * 1e3:.2f} | {ratio:.4f} | {(ratio - 1) * 100:+.2f} | {per_span:.0f} |")
-    cpu_off = statistics.median(result["cpu"]["off"])
-    cpu_ratio = statistics.median(statistics.median(r["cpu_on"]) / statistics.median(r["cpu_off"])
-                                  for r in result["rounds"])
-    for label, a, b in (("pooled median", med_off, med_on), ("pooled mean", mean_off, mean_on),
-                        ("process CPU time (all threads), median of per-round ratios", cpu_off,
-                         cpu_off * cpu_ratio)):
-        per_span = (b - a) / spans_per_step * 1e9 if spans_per_step else float("nan")
-        print(f"| {label} | {a * 1e3:.2f} | {b * 1e3:.2f} | {b / a:.4f} | {(b / a - 1) * 100:+.2f} | "
+          f"{args.rounds} rounds x {args.steps} steps per mode, interleaved; rank 0; {spans_per_step:.0f} "
+          f"spans/step; completion sweeps/step (background thread, when something was pending) "
+          f"{result['wakeups'] / n_on:.1f}")
+    print("on/off = ratio of the means over all rounds; the 95% interval resamples whole rounds "
+          "(bootstrap), so it is what the run can resolve")
+    print("| statistic | off (ms) | on (ms) | on/off (95% CI) | overhead % | median of per-round ratios | "
+          "cost per span (ns) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for label, key in (("step time (wall)", ""), ("training thread CPU", "thread_"),
+                       ("process CPU (all threads)", "cpu_")):
+        stat = paired_ratio(rounds, key)
+        per_span = (stat.on - stat.off) / spans_per_step * 1e9 if spans_per_step else float("nan")
+        print(f"| {label} | {stat.off * 1e3:.2f} | {stat.on * 1e3:.2f} | {stat.ratio:.4f} "
+              f"({stat.low:.4f}-{stat.high:.4f}) | {(stat.ratio - 1) * 100:+.2f} | {stat.median:.4f} | "
               f"{per_span:.0f} |")
-    print_cpu_by_role(result["by_role"], len(off), len(on))
+    print_cpu_by_role(result["by_role"], n_on, n_on)
+
+
+@dataclass
+class PairedRatio:
+    off: float
+    on: float
+    ratio: float
+    low: float
+    high: float
+    median: float
+
+
+def paired_ratio(rounds: list[dict[str, list[float]]], key: str, resamples: int = 2000) -> PairedRatio:
+    """on/off as the ratio of the means over all rounds (each round pairs an off and an on block, run
+    back to back), its 95% bootstrap interval over rounds, and the median of the per-round ratios."""
+    off = np.array([statistics.fmean(r[key + "off"]) for r in rounds])
+    on = np.array([statistics.fmean(r[key + "on"]) for r in rounds])
+    picks = np.random.default_rng(0).integers(0, len(rounds), (resamples, len(rounds)))
+    boot = on[picks].sum(axis=1) / off[picks].sum(axis=1)
+    low, high = np.quantile(boot, [0.025, 0.975])
+    return PairedRatio(off.mean(), on.mean(), on.sum() / off.sum(), float(low), float(high),
+                       float(np.median(on / off)))
 
 
 def print_cpu_by_role(by_role: dict[str, dict[str, float]], n_off: int, n_on: int) -> None:

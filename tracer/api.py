@@ -54,8 +54,8 @@ def set_step(step: int) -> None:
 def set_microbatch(microbatch: int, chunk: int = -1) -> None:
     """Ambient micro-batch and virtual-pipeline chunk for spans and comm ops that follow."""
     tracer = _active
-    if tracer is not None:
-        tracer.set_microbatch(microbatch, chunk)
+    if tracer is not None:  # Tracer.set_microbatch, inlined (called per micro-batch and chunk)
+        tracer.microbatch, tracer.chunk = microbatch, chunk
 
 
 def now_ns() -> int:

@@ -17,6 +17,7 @@ looked up from the group when a hang is written. Async ops return a work whose c
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -24,7 +25,9 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from megascope.tracer import api
-from megascope.tracer.comm_trace import abort, begin, finish, tensor_bytes
+from megascope.tracer.comm_trace import abort, finish, tensor_bytes
+
+_monotonic_ns = time.monotonic_ns  # hot path: tracer.now_ns() inlined as _monotonic_ns() + clock.shift_ns
 
 # torch >= 2.10 renamed the tensor-in/tensor-out collectives; older releases only have the old names.
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
@@ -41,9 +44,9 @@ def _collective(call: Any, tensor: torch.Tensor, nbytes: int, group: object, gro
     tracer = api._active
     if tracer is None:
         return call()
-    issue_ns = tracer.now_ns()  # first thing: the moment the op was asked for
-    op = begin(name, "collective", group_name, group, group_name, nbytes, tensor, members=members,
-               issue_ns=issue_ns)
+    issue_ns = _monotonic_ns() + tracer.clock.shift_ns  # first thing: the moment the op was asked for
+    op = tracer.begin_comm(name, "collective", group_name, group, group_name, -1, nbytes, members,
+                           tensor.is_cuda, issue_ns)
     try:
         work = call()
     except BaseException:
@@ -106,13 +109,14 @@ def batch_isend_irecv(ops: list[dist.P2POp], group_name: str = "pp", names: list
     tracer = api._active
     if tracer is None:
         return dist.batch_isend_irecv(ops)
-    issue_ns = tracer.now_ns()
+    issue_ns = _monotonic_ns() + tracer.clock.shift_ns
     traced = []
     for i, p2p in enumerate(ops):
         direction = _direction(p2p)
         name = names[i] if names is not None else direction
-        traced.append(begin(name, "p2p", group_name, p2p.group, (group_name, direction, p2p.peer),
-                            tensor_bytes(p2p.tensor), p2p.tensor, peer=p2p.peer, issue_ns=issue_ns))
+        tensor = p2p.tensor
+        traced.append(tracer.begin_comm(name, "p2p", group_name, p2p.group, (group_name, direction, p2p.peer),
+                                        p2p.peer, tensor_bytes(tensor), None, tensor.is_cuda, issue_ns))
     try:
         works = dist.batch_isend_irecv(ops)
     except BaseException:

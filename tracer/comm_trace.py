@@ -5,7 +5,7 @@ Times of one op (events columns):
     start_ns  CPU sync: = issue_ns (the host runs the op inside the call); CPU async: when the backend
               call returned (the op is enqueued on the c10d worker); GPU: the start event on the stream
     end_ns    CPU sync: the call returned; CPU async collective: its completion, observed by the
-              completion tracker (tracer events of the training thread, a 50 ms sweeper) or by
+              completion tracker (tracer events of the training thread, a 0.5 s sweeper) or by
               wait(), whichever saw it first (see completion.py); CPU p2p (gloo reports no
               completion before wait()): wait() returned; GPU: the end event recorded after the call
               (sync) or after wait() made the current stream wait on the op (async)
@@ -17,12 +17,15 @@ in wait() is not mistaken for the op's transfer time, nor for the compute span i
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
 
 from megascope.tracer import api
 from megascope.tracer.watchdog import CommOp
+
+_monotonic_ns = time.monotonic_ns  # hot path: tracer.now_ns() inlined as _monotonic_ns() + clock.shift_ns
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
@@ -50,7 +53,7 @@ def abort(ops: list[CommOp | None]) -> None:
 def finish(ops: list[CommOp | None], work: Any, on_gpu: bool, has_completion: bool = True) -> Any:
     """After issuing: end sync ops now; wrap async work so its completion ends the ops.
     has_completion: the work's is_completed() turns true on its own (gloo collectives; not gloo p2p)."""
-    live = [op for op in ops if op is not None]
+    live = ops if None not in ops else [op for op in ops if op is not None]
     if not live:
         return work
     tracer = api._active
@@ -65,14 +68,14 @@ def finish(ops: list[CommOp | None], work: Any, on_gpu: bool, has_completion: bo
             else:
                 tracer.end_comm_host(op)
         return None
+    traced = TracedWork(work, live, on_gpu, tracer)
     if not on_gpu:
-        started = tracer.now_ns()  # the backend has the op (enqueued on its worker)
+        started = _monotonic_ns() + tracer.clock.shift_ns  # the backend has the op (enqueued on its worker)
         for op in live:
             if op.start is not None:
                 op.start = started
-    traced = TracedWork(work, live, on_gpu, tracer)
-    if has_completion and not on_gpu and tracer.completion is not None:
-        traced.watched = tracer.completion.watch(traced)
+        if has_completion and tracer.completion is not None:
+            traced.watched = tracer.completion.watch(traced)
     return traced
 
 
@@ -108,22 +111,23 @@ class TracedWork:
             return True
         if not self._work.is_completed():
             return False
-        self._end(self._tracer.now_ns() if now_ns is None else now_ns)
+        self._end(_monotonic_ns() + self._tracer.clock.shift_ns if now_ns is None else now_ns)
         return True
 
     def wait(self, *args: Any, **kwargs: Any) -> Any:
+        work = self._work
         if self._ended or self._on_gpu:  # GPU: wait() only makes the current stream wait; no host block
-            result = self._work.wait(*args, **kwargs)
+            result = work.wait(*args, **kwargs)
             self._end()
             return result
+        if self.watched and work.is_completed():  # completed before wait(): nothing blocks, no wait span
+            self._end()
+            return work.wait(*args, **kwargs)
         tracer = self._tracer
-        if tracer.pending_works:  # ends this op too if it completed before wait(): then nothing blocks
-            tracer.completion.sweep()
-            if self._ended:
-                return self._work.wait(*args, **kwargs)
-        begin_ns = tracer.now_ns()
-        result = self._work.wait(*args, **kwargs)
-        end_ns = tracer.now_ns()
+        begin_ns = _monotonic_ns()
+        result = work.wait(*args, **kwargs)
+        shift = tracer.clock.shift_ns
+        begin_ns, end_ns = begin_ns + shift, _monotonic_ns() + shift
         self._end(end_ns)
         tracer.record_wait(self._ops[0], begin_ns, end_ns)
         return result

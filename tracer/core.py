@@ -185,7 +185,7 @@ class Tracer:
                         self.chunk, self.now_ns() if issue_ns is None else issue_ns, group, members)
             if self.recording:
                 op.start = self.timeline.record() if (on_gpu and self.timeline is not None) else op.issue_ns
-            self.registry.add(op)
+            self.registry.ops[id(op)] = op  # registry.add, inlined (hot path)
             return op
         except Exception as exc:
             self._failed(f"{name} start", exc)
@@ -200,9 +200,17 @@ class Tracer:
                 op.done = True
             start = op.start
             if type(start) is int:  # host-timed (a CUDA start event is resolved by the timeline)
-                end = end_ns if end_ns is not None else self.now_ns()
-                self._events.append(op.row_prefix() + (op.issue_ns, start, end if end > start else start))
-            self.registry.complete(op)
+                end = end_ns if end_ns is not None else _monotonic_ns() + self.clock.shift_ns
+                row = (op.step, op.microbatch, op.chunk, op.name, op.kind, op.group_name, op.seq, op.peer,
+                       op.nbytes, op.issue_ns, start, end if end > start else start)
+                events = self._events
+                if len(events.rows) < events.room:  # TableBuffer.append, inlined (hot path)
+                    events.rows.append(row)
+                else:
+                    events.append(row)
+            registry = self.registry  # registry.complete, inlined (hot path)
+            registry.ops.pop(id(op), None)
+            registry.last_completed = op
         except Exception as exc:
             self._failed(f"{op.name} end", exc)
 

@@ -62,19 +62,23 @@ class CommOp:
 
 
 class InflightRegistry:
+    """Ops in flight by id(op). Single dict operations are atomic under the GIL, so the training thread
+    adds and removes without a lock (the tracer's hot path does `ops[id(op)] = op` itself, saving a
+    call per op) and the watchdog copies the values in one C call."""
+
     def __init__(self) -> None:
-        self._ops: dict[int, CommOp] = {}
+        self.ops: dict[int, CommOp] = {}
         self.last_completed: CommOp | None = None
 
     def add(self, op: CommOp) -> None:
-        self._ops[id(op)] = op
+        self.ops[id(op)] = op
 
     def complete(self, op: CommOp) -> None:
-        self._ops.pop(id(op), None)
+        self.ops.pop(id(op), None)
         self.last_completed = op
 
     def snapshot(self) -> list[CommOp]:
-        return sorted(list(self._ops.values()), key=lambda op: op.issue_ns)
+        return sorted(list(self.ops.values()), key=lambda op: op.issue_ns)
 
 
 class HangWatchdog:

@@ -107,8 +107,9 @@ class TraceConfig:
     """step (steps table only), op (compute, collectives, p2p) or detail (also per-layer tensor-parallel ops)."""
     every: int = 1
     """Record every n-th step (1 = all)."""
-    flush_interval_s: float = 2.0
-    """Flush buffered events to a Parquet segment at least this often."""
+    flush_interval_s: float = 5.0
+    """Flush buffered events to a Parquet segment at least this often (a killed rank loses at most this
+    much; each flush costs the flusher thread a few ms, mostly per file written)."""
     flush_events: int = 20000
     """... or when this many events are buffered."""
     max_buffered_events: int = 500000

@@ -63,15 +63,12 @@ class CommOp:
 
 class InflightRegistry:
     """Ops in flight by id(op). Single dict operations are atomic under the GIL, so the training thread
-    adds and removes without a lock (the tracer's hot path does `ops[id(op)] = op` itself, saving a
-    call per op) and the watchdog copies the values in one C call."""
+    adds (`ops[id(op)] = op`, in the tracer's hot path) and removes without a lock, and the watchdog
+    copies the values in one C call."""
 
     def __init__(self) -> None:
         self.ops: dict[int, CommOp] = {}
         self.last_completed: CommOp | None = None
-
-    def add(self, op: CommOp) -> None:
-        self.ops[id(op)] = op
 
     def complete(self, op: CommOp) -> None:
         self.ops.pop(id(op), None)

@@ -129,11 +129,12 @@ def test_async_work_is_timed_to_its_completion_not_to_wait():
 SKEW_NS = {0: 0, 1: 3_000_000_000, 2: -7_000_000_000}
 
 
-def _skewed_sync(rank: int, world: int, run_dir: str) -> dict:
+def _skewed_sync(rank: int, world: int, run_dir: str, skews: dict[int, int] = SKEW_NS,
+                 hosts: dict[int, str] | None = None) -> dict:
     if rank == 0:
         write_manifest(run_dir, {"run_id": "skew"})
     dist.barrier()
-    clock = tracer.HostClock(skew_ns=SKEW_NS[rank])
+    clock = tracer.HostClock(skew_ns=skews[rank], host=hosts[rank] if hosts else None)
     t = tracer.Tracer(run_dir, rank, TraceConfig(nvml=False), "cpu", clock=clock)
     before = t.now_ns()
     result = t.sync_clocks()
@@ -141,8 +142,8 @@ def _skewed_sync(rank: int, world: int, run_dir: str) -> dict:
     dist.barrier()
     stamp = t.now_ns()  # all ranks leave the barrier at nearly the same instant
     t.close()
-    return {"offsets": result.offsets_ns, "delays": result.delays_ns, "before": before, "after": after,
-            "stamp": stamp}
+    return {"offsets": result.offsets_ns, "delays": result.delays_ns, "hosts": result.hosts,
+            "before": before, "after": after, "stamp": stamp}
 
 
 def test_clock_offsets_are_recovered_from_a_simulated_skew(tmp_path: Path):
@@ -158,6 +159,24 @@ def test_clock_offsets_are_recovered_from_a_simulated_skew(tmp_path: Path):
     assert set(manifest["clock_offsets_ns"]) == {"0", "1", "2"}
     assert abs(manifest["clock_offsets_ns"]["2"] - SKEW_NS[2]) < tolerance_ns
     assert manifest["run_id"] == "skew"
+
+
+def test_clock_sync_across_simulated_hosts_adds_the_two_hops(tmp_path: Path):
+    """Two hosts of two ranks: rank 3 is synced by its host leader (rank 2), rank 2 by rank 0; the
+    skews differ inside a host too, so both hops must be measured and added."""
+    skews = {0: 0, 1: 2_000_000_000, 2: 5_000_000_000, 3: -4_000_000_000}
+    hosts = {0: "host-a", 1: "host-a", 2: "host-b", 3: "host-b"}
+    results = run_distributed(_skewed_sync, 4, str(tmp_path), skews, hosts)
+    tolerance_ns = 50_000_000
+    for rank, res in enumerate(results):
+        for r, skew in skews.items():
+            assert abs(res["offsets"][r] - skew) < tolerance_ns, (rank, r, res["offsets"][r])
+    assert all(res["hosts"] == 2 for res in results)
+    delays = results[0]["delays"]
+    assert delays[0] == 0 and min(delays[1], delays[2], delays[3]) > 0
+    assert delays[3] > delays[2]  # rank 3's uncertainty includes its leader's hop to rank 0
+    stamps = [res["stamp"] for res in results]
+    assert max(stamps) - min(stamps) < 500_000_000
 
 
 def _hang(rank: int, world: int, run_dir: str) -> dict:

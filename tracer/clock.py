@@ -8,6 +8,7 @@ wall clock while the job runs.
 
 from __future__ import annotations
 
+import socket
 import time
 
 
@@ -26,11 +27,13 @@ def _mono_to_epoch_ns(samples: int = 7) -> int:
 class HostClock:
     """This process's view of epoch time, plus its alignment to rank 0.
 
-    `skew_ns` is added to this host's epoch reading: tests use it to simulate a host whose clock is
-    off, and the clock sync must then find and remove it.
+    `skew_ns` is added to this host's epoch reading and `host` names the machine (default: its
+    hostname): tests use them to simulate hosts whose clocks are off, and the clock sync must then
+    find and remove the skew. Processes on one host share its clock, which the sync exploits.
     """
 
-    def __init__(self, skew_ns: int = 0) -> None:
+    def __init__(self, skew_ns: int = 0, host: str | None = None) -> None:
+        self.host = host if host is not None else socket.gethostname()
         self.local_shift_ns = _mono_to_epoch_ns() + int(skew_ns)
         self.offset_to_rank0_ns = 0
         """local epoch - rank 0's epoch at the same instant (NTP-style estimate; 0 until synced)."""

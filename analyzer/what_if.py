@@ -2,9 +2,14 @@
 
 Replays the step graph (program order with the recorded host gaps, p2p transfers starting when both
 sides posted, collectives completing at the last arrival) twice: as recorded, and with the culprit's
-durations replaced by its peers' medians (or the link's transfer time by its peers'; for workload
-imbalance, every data-parallel replica's compute by the replicas' mean: the same work, balanced). The difference
-is the time the finding cost per step; over the step time, the throughput lost.
+net compute set to its peers' median (or the link's transfer time, or its stalled host gaps, to its
+peers'; for workload imbalance, every data-parallel replica's compute to the replicas' mean: the
+same work, balanced). The difference is the time the finding cost per step; over the step time, the
+throughput lost.
+Compute spans that hold synchronous communication of their own rank (tensor-parallel collectives
+inside forward/backward on real traces) are first cut into pieces around it (step_graph.
+split_compute): a tp peer of a slow rank sat in those collectives waiting for it, and kept as one
+fixed duration that wait would survive the fix. Net compute = a span's pieces, the wait excluded.
 Big jobs: only the culprit's pipeline replica and its data-parallel groups are replayed; everyone
 else keeps its recorded times.
 """
@@ -15,7 +20,8 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer.findings import Finding
-from megascope.analyzer.step_graph import ASYNC_NAMES, StepGraph, build_step_graph
+from megascope.analyzer.event_pass import has_wait_spans
+from megascope.analyzer.step_graph import ASYNC_NAMES, StepGraph, events_window, graph_from_events, split_compute
 from megascope.analyzer.store import Store
 
 FULL_REPLAY_MAX_RANKS = 512
@@ -32,6 +38,7 @@ def replay(g: StepGraph, duration: np.ndarray, gap: np.ndarray, xfer: np.ndarray
     recv_of = np.full(n, -1, dtype=np.int64)
     recv_of[g.send_of[is_recv]] = np.flatnonzero(is_recv)
     is_send = recv_of >= 0
+    is_wait = g.wait_of >= 0 if g.wait_of is not None else np.zeros(n, dtype=bool)
     issue0 = ev.issue_ns.to_numpy().astype(float)
     end = ev.end_ns.to_numpy().astype(float)
     n_inst = int(g.instance.max()) + 1 if is_coll.any() else 0
@@ -50,6 +57,8 @@ def replay(g: StepGraph, duration: np.ndarray, gap: np.ndarray, xfer: np.ndarray
             new[is_coll] = last[g.instance[is_coll]] + xfer[is_coll]
         other = ~(is_comp | is_recv | is_send | is_coll)
         new[other] = issue[other] + duration[other]
+        if is_wait.any():  # a wait ends when its op does, or at once if the op already had
+            new[is_wait] = np.maximum(issue[is_wait], new[g.wait_of[is_wait]])
         if np.allclose(new, end, rtol=0, atol=1.0):
             return new
         end = new
@@ -75,24 +84,37 @@ def _apply_fix(f: Finding, g: StepGraph, topo: pd.DataFrame, duration, gap, xfer
     ev = g.events.join(topo.set_index("rank")[["pp", "tp"]], on="rank")
     culprit = ev["rank"].isin(f.ranks).to_numpy()
     comp = (ev.kind == "compute").to_numpy()
+    outer = ~ev.internal.to_numpy(dtype=bool)  # gaps inside split spans are 0 by construction: not typical ones
     if f.kind in ("straggler", "stage_imbalance"):
-        peers = comp & ~culprit if f.kind == "straggler" else comp & (ev.pp != f.evidence.get("stage")).to_numpy()
-        stage_key = ev.pp.to_numpy() if f.kind == "straggler" else np.zeros(len(ev), dtype=int)
-        med = pd.Series(duration[peers]).groupby([stage_key[peers], ev.name.to_numpy()[peers]]).median()
-        for i in np.flatnonzero(culprit & comp):
-            key = (ev.pp.iat[i] if f.kind == "straggler" else 0, ev.name.iat[i])
-            duration[i] = min(duration[i], med.get(key, duration[i]))
+        spans = net_compute(ev, duration)
+        mine = spans["rank"].isin(f.ranks).to_numpy()
+        if f.kind == "straggler":
+            peers, stage = ~mine, spans.pp.to_numpy()
+        else:
+            peers, stage = (spans.pp != f.evidence.get("stage")).to_numpy(), np.zeros(len(spans), dtype=int)
+        med = spans.net[peers].groupby([stage[peers], spans.name.to_numpy()[peers]]).median()
+        target = spans.net.to_numpy().copy()
+        for i in np.flatnonzero(mine):
+            target[i] = min(target[i], med.get((stage[i], spans.name.iat[i]), target[i]))
+        _set_net(duration, ev, spans, target)
     elif f.kind == "workload_imbalance":  # balanced batches: every dp replica does the mean work
-        keys = [ev[c].to_numpy()[comp] for c in ("pp", "tp", "chunk", "microbatch", "name")]
-        duration[comp] = pd.Series(duration[comp]).groupby(keys, dropna=False).transform("mean").to_numpy()
+        spans = net_compute(ev, duration)
+        keys = [spans[c].to_numpy() for c in ("pp", "tp", "chunk", "microbatch", "name")]
+        _set_net(duration, ev, spans, spans.net.groupby(keys, dropna=False).transform("mean").to_numpy())
     elif f.kind == "late_launch":
-        typical = np.median(gap[~culprit]) if (~culprit).any() else 0.0
-        gap[culprit] = np.minimum(gap[culprit], typical)
+        typical = np.median(gap[~culprit & outer]) if (~culprit & outer).any() else 0.0
+        gap[culprit & outer] = np.minimum(gap[culprit & outer], typical)
     elif f.kind in ("network_flap", "slow_link"):
         p2p = (ev.kind == "p2p").to_numpy()
         on_link = p2p & culprit & ev.peer.isin(f.ranks).to_numpy()
         coll = (g.instance >= 0) & (ev.kind == "collective").to_numpy()
-        if on_link.any() and (p2p & ~on_link).any():
+        if f.evidence.get("signal") == "stall":
+            # both ends stalled before issuing their transfers to each other (the transfers looked
+            # normal): the time sits in the host gaps before those ops -> the other p2p ops' typical gap
+            others = p2p & ~on_link & outer
+            if on_link.any() and others.any():
+                _cut_gaps(g, gap, np.flatnonzero(on_link), float(np.median(gap[others])))
+        elif on_link.any() and (p2p & ~on_link).any():
             xfer[on_link] = np.minimum(xfer[on_link], np.median(xfer[p2p & ~on_link]))
         else:  # a collective group: its members' transfers become those of the other groups
             grp = f.evidence.get("group")
@@ -100,6 +122,42 @@ def _apply_fix(f: Finding, g: StepGraph, topo: pd.DataFrame, duration, gap, xfer
             mine = same & culprit
             if (same & ~mine).any():
                 xfer[mine] = np.minimum(xfer[mine], np.median(xfer[same & ~mine]))
+
+
+def _cut_gaps(g: StepGraph, gap: np.ndarray, ops: np.ndarray, typical: float) -> None:
+    """Host gaps before `ops` -> at most `typical`. A gap is measured from the end of the last blocking
+    event, so the time cut before an async op (a send) is also in the gaps of the events after it up
+    to the next blocking one: cut there too."""
+    ranks = g.events["rank"].to_numpy()
+    blocking = g.blocking if g.blocking is not None else ~g.events.name.isin(ASYNC_NAMES).to_numpy()
+    n = len(gap)
+    for i in ops:  # in program order: a later op's gap is cut of what earlier ones removed first
+        cut = gap[i] - min(gap[i], typical)
+        gap[i] -= cut
+        j = i + 1
+        while cut > 0 and not blocking[i] and j < n and ranks[j] == ranks[i] and g.prev[j] == g.prev[i]:
+            gap[j] = max(gap[j] - cut, 0.0)
+            j += 1
+
+
+def net_compute(ev: pd.DataFrame, duration: np.ndarray) -> pd.DataFrame:
+    """One row per compute span of a split frame (split_compute, with topology pp/tp joined): span,
+    rank, pp, tp, chunk, microbatch, name, and net, its pieces' durations summed: the span's own work
+    without the time it sat in nested synchronous communication."""
+    comp = (ev.kind == "compute").to_numpy()
+    rows = ev.loc[comp, ["span", "rank", "pp", "tp", "chunk", "microbatch", "name"]].assign(net=duration[comp])
+    first = rows.drop_duplicates("span").drop(columns="net").set_index("span")
+    return first.join(rows.groupby("span").net.sum()).reset_index()
+
+
+def _set_net(duration: np.ndarray, ev: pd.DataFrame, spans: pd.DataFrame, target: np.ndarray) -> None:
+    """Scale each span's pieces alike so that its net compute becomes `target` (work done at a
+    different speed stretches every piece of it); a span cut in pieces with no net compute keeps it."""
+    comp = (ev.kind == "compute").to_numpy()
+    at = pd.Index(spans.span.to_numpy()).get_indexer(ev.span.to_numpy()[comp])
+    net, want, mine = spans.net.to_numpy()[at], np.asarray(target, dtype=float)[at], duration[comp]
+    scaled = np.where(net > 0, mine * want / np.where(net > 0, net, 1.0), mine)
+    duration[comp] = np.where(mine == net, want, scaled)  # a whole span: exactly the target
 
 
 def replay_ranks(store: Store, f: Finding) -> list[int] | None:
@@ -120,9 +178,12 @@ def what_if(store: Store, f: Finding, max_steps: int | None = None) -> dict:
     first, last = f.steps
     sample = sorted(set(np.linspace(first, last, num=min(max_steps, last - first + 1)).round().astype(int)))
     ranks = replay_ranks(store, f)
+    cpu_trace = has_wait_spans(store)
+    dp, tp = (int(store.manifest["topology"][k]) for k in ("dp", "tp"))
     rows = []
     for step in sample:
-        g = build_step_graph(store, int(step), ranks)
+        ev = events_window(store, int(step), int(step), ranks, limit=1 << 40)
+        g = graph_from_events(split_compute(ev, cpu_trace), store.topology, dp, tp, waits=cpu_trace)
         if g.events.empty:
             continue
         duration, gap, xfer = _inputs(g)

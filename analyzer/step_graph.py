@@ -79,9 +79,16 @@ def graph_from_events(events: pd.DataFrame, topology: pd.DataFrame, dp: int, tp:
     graph keeps the op, whose end the program order waits for, and drops the wait so nothing counts
     twice. waits=True (the what-if replay of CPU traces, whose receives are posted ahead and whose
     reductions overlap backward): an async op (its start, the enqueue, after its issue) holds up
-    nothing at its issue; its `<op>.wait` span is where the rank waits for it (wait_of)."""
+    nothing at its issue; its `<op>.wait` span is where the rank waits for it (wait_of); the waits
+    of other ops are dropped as above, a wait whose op is not in the frame stays a host span."""
     is_wait = (events.kind == "host") & events.name.str.endswith(WAIT_SUFFIX)
-    ev = (events if waits else events[~is_wait]).reset_index(drop=True)
+    if waits:  # the waits of sync ops (or of ops that are not async by their times) still repeat them
+        ev = events.reset_index(drop=True)
+        target = _wait_targets(ev)
+        is_async = (ev.kind.isin(["collective", "p2p"]) & (ev.issue_ns < ev.start_ns)).to_numpy()
+        ev = ev[~((target >= 0) & ~is_async[np.maximum(target, 0)])].reset_index(drop=True)
+    else:
+        ev = events[~is_wait].reset_index(drop=True)
     n = len(ev)
     ranks_arr = ev["rank"].to_numpy()
     blocking = ~ev["name"].isin(ASYNC_NAMES).to_numpy()

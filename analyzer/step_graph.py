@@ -173,9 +173,8 @@ def split_compute(events: pd.DataFrame, cpu_trace: bool) -> pd.DataFrame:
     cuts = ev[comm | ((ev.kind == "host") & ev.name.str.endswith(WAIT_SUFFIX))]
     asy = is_async[cuts.index].to_numpy()
     # the part of the span each cut takes: a blocking op its span; an async op nothing, at its issue
-    cuts = cuts.assign(cut_lo=np.where(asy, cuts.issue_ns, cuts.start_ns),
-                       cut_hi=np.where(asy, cuts.issue_ns, cuts.end_ns), start_ns=np.where(asy, cuts.issue_ns,
-                                                                                          cuts.start_ns))
+    lo = np.where(asy, cuts.issue_ns, cuts.start_ns)
+    cuts = cuts.assign(cut_lo=lo, cut_hi=np.where(asy, cuts.issue_ns, cuts.end_ns), start_ns=lo)
     ops = _in_span(cuts, top)
     ops = ops[(ops.cut_hi <= ops.span_end) & (ops.issue_ns >= ops.span_issue)]
     if ops.empty:
@@ -201,8 +200,8 @@ def split_compute(events: pd.DataFrame, cpu_trace: bool) -> pd.DataFrame:
     tail = split.assign(issue_ns=tail_start, start_ns=tail_start, end_ns=np.maximum(split.end_ns, tail_start),
                         internal=True, _ord=last._ord.reindex(split.index).to_numpy(), _sub=1,
                         _tie=last._tie.reindex(split.index).to_numpy())
-    # events that start inside a split span, other than its ops (async ops, inner spans): after its
-    # last piece, where the unsplit span's program order put them
+    # other events that start inside a split span (inner compute or host spans): after its last
+    # piece, where the unsplit span's program order put them
     rest = ev.drop(index=list(split.index) + list(ops.index))
     moved = _in_span(rest, top.loc[top.index.isin(split.index)])
     moved = moved[(moved.start_ns < moved.span_end) & (moved.issue_ns >= moved.span_issue)]

@@ -21,7 +21,8 @@ import pandas as pd
 
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.event_pass import has_wait_spans
-from megascope.analyzer.step_graph import ASYNC_NAMES, StepGraph, events_window, graph_from_events, split_compute
+from megascope.analyzer.span_split import split_compute
+from megascope.analyzer.step_graph import ASYNC_NAMES, StepGraph, events_window, graph_from_events
 from megascope.analyzer.store import Store
 
 FULL_REPLAY_MAX_RANKS = 512

@@ -14,7 +14,8 @@ import pytest
 
 from megascope.analyzer import Run
 from megascope.analyzer.findings import Finding
-from megascope.analyzer.step_graph import events_window, graph_from_events, split_compute
+from megascope.analyzer.span_split import split_compute
+from megascope.analyzer.step_graph import events_window, graph_from_events
 from megascope.analyzer.what_if import _inputs, net_compute, replay
 from megascope.tracer import run_dir as rd
 from megascope.tracer.schema import EVENTS, SCHEMA_VERSION, STEPS

@@ -7,7 +7,7 @@ peers'; for workload imbalance, every data-parallel replica's compute to the rep
 same work, balanced). The difference is the time the finding cost per step; over the step time, the
 throughput lost.
 Compute spans that hold synchronous communication of their own rank (tensor-parallel collectives
-inside forward/backward on real traces) are first cut into pieces around it (step_graph.
+inside forward/backward on real traces) are first cut into pieces around it (span_split.
 split_compute): a tp peer of a slow rank sat in those collectives waiting for it, and kept as one
 fixed duration that wait would survive the fix. Net compute = a span's pieces, the wait excluded.
 Big jobs: only the culprit's pipeline replica and its data-parallel groups are replayed; everyone

@@ -17,7 +17,6 @@ the per-round ratios.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import tempfile
@@ -201,7 +200,7 @@ def main() -> None:
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--rounds", type=int, default=400,
-                   help="interleaved off/on pairs; ~400 resolve +-0.5%% on this 2-core machine")
+                   help="interleaved off/on pairs; 400-800 resolve about +-1%% on this 2-core machine")
     p.add_argument("--steps", type=int, default=2, help="steps per block (short blocks: more pairs)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--micro-only", action="store_true", help="only the ns-per-span microbenchmark")

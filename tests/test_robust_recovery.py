@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,14 +54,18 @@ def uninterrupted(tmp_path_factory) -> dict[int, float]:
 
 
 def test_injected_crash_restarts_and_matches_the_uninterrupted_run(tmp_path, uninterrupted):
-    result = train(tmp_path, "--max-restarts", "1", "--inject", "crash:rank=1,at=3")
+    # checkpoints after steps 2 and 4 (background writes); the crash at the start of step 5 may catch
+    # the step-4 write in flight, which a real crash loses too: then the restart resumes from step 2
+    result = train(tmp_path, "--max-restarts", "1", "--inject", "crash:rank=1,at=5")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "resumed from checkpoint step 2" in result.stdout
+    resumed = re.findall(r"resumed from checkpoint step (\d+)", result.stdout)
+    assert len(resumed) == 1 and int(resumed[0]) in (2, 4), result.stdout[-3000:]
+    start = int(resumed[0])
     kinds = [(i["kind"], i.get("ranks")) for i in incidents(tmp_path)]
     assert ("dead_rank", [1]) in kinds and ("restart", None) in kinds
-    assert any(i["kind"] == "resumed" and i["step"] == 2 for i in incidents(tmp_path))
-    got = losses(tmp_path)  # steps 0-1 may be lost from the trace: ranks were killed before a flush
-    assert [got[s] for s in range(2, STEPS)] == [uninterrupted[s] for s in range(2, STEPS)]
+    assert any(i["kind"] == "resumed" and i["step"] == start for i in incidents(tmp_path))
+    got = losses(tmp_path)  # early steps may be lost from the trace: ranks were killed before a flush
+    assert [got[s] for s in range(start, STEPS)] == [uninterrupted[s] for s in range(start, STEPS)]
     assert latest_complete(tmp_path).step == STEPS
 
 

@@ -35,10 +35,10 @@ class StepGraph:
     """Collective instance number (same for all members of one op), -1."""
     last_arrival: np.ndarray
     """For a collective event: position of its instance's last-arriving member, -1."""
+    blocking: np.ndarray
+    """Whether each event holds up the next one of its rank (what `prev` was built from)."""
     wait_of: np.ndarray | None = None
     """With `waits` (the replay of CPU traces): for a `<op>.wait` span, the position of its op, -1."""
-    blocking: np.ndarray | None = None
-    """Whether each event holds up the next one of its rank (what `prev` was built from)."""
 
 
 def event_id(rank: int, step: int, position: int) -> int:
@@ -126,7 +126,7 @@ def graph_from_events(events: pd.DataFrame, topology: pd.DataFrame, dp: int, tp:
         latest = coll.assign(code=codes).sort_values("issue_ns").groupby("code").tail(1)
         lookup = pd.Series(latest.index.to_numpy(), index=latest.code.to_numpy())
         last_arrival[coll.index.to_numpy()] = lookup.reindex(codes).to_numpy()
-    return StepGraph(ev, prev, send_of, instance, last_arrival, wait_of, blocking)
+    return StepGraph(ev, prev, send_of, instance, last_arrival, blocking, wait_of)
 
 
 def _wait_targets(ev: pd.DataFrame) -> np.ndarray:

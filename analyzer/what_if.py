@@ -22,7 +22,7 @@ import pandas as pd
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.event_pass import has_wait_spans
 from megascope.analyzer.span_split import split_compute
-from megascope.analyzer.step_graph import ASYNC_NAMES, StepGraph, events_window, graph_from_events
+from megascope.analyzer.step_graph import StepGraph, events_window, graph_from_events
 from megascope.analyzer.store import Store
 
 FULL_REPLAY_MAX_RANKS = 512
@@ -130,7 +130,7 @@ def _cut_gaps(g: StepGraph, gap: np.ndarray, ops: np.ndarray, typical: float) ->
     event, so the time cut before an async op (a send) is also in the gaps of the events after it up
     to the next blocking one: cut there too."""
     ranks = g.events["rank"].to_numpy()
-    blocking = g.blocking if g.blocking is not None else ~g.events.name.isin(ASYNC_NAMES).to_numpy()
+    blocking = g.blocking
     n = len(gap)
     for i in ops:  # in program order: a later op's gap is cut of what earlier ones removed first
         cut = gap[i] - min(gap[i], typical)

@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from megascope import tracer
 from megascope.tracer import comm
-from megascope.trainer.config import TraceConfig
+from megascope.tracer.config import TraceConfig
 
 
 def main() -> None:

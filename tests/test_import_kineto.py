@@ -92,7 +92,7 @@ def _plain_loop_job(rank: int, world: int, trace_dir: str, run_dir: str) -> int:
     from megascope import tracer as tracing
     from megascope.tracer import comm
     from megascope.tracer.run_dir import write_manifest
-    from megascope.trainer.config import TraceConfig
+    from megascope.tracer.config import TraceConfig
     from megascope.trainer.parallel_dims import ParallelDims
 
     if rank == 0:

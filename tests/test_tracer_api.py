@@ -9,7 +9,7 @@ import pytest
 
 from megascope import tracer
 from megascope.tracer.schema import EVENTS, STEPS
-from megascope.trainer.config import TraceConfig
+from megascope.tracer.config import TraceConfig
 
 
 def make(cfg: TraceConfig | None = None, sink=None, **kw) -> tuple[tracer.Tracer, tracer.MemorySink]:

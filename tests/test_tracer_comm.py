@@ -12,7 +12,7 @@ import torch
 from megascope import tracer
 from megascope.tracer import comm_trace
 from megascope.tracer.completion import CompletionTracker
-from megascope.trainer.config import TraceConfig
+from megascope.tracer.config import TraceConfig
 
 
 class FakeWork:

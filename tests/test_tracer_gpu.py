@@ -10,7 +10,7 @@ import torch
 
 from megascope import tracer
 from megascope.tracer.schema import GPU, KERNELS
-from megascope.trainer.config import TraceConfig
+from megascope.tracer.config import TraceConfig
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

@@ -17,7 +17,7 @@ import pytest
 from megascope import tracer
 from megascope.tracer import run_dir as rundir
 from megascope.tracer.schema import EVENTS, SCHEMA_VERSION, STEPS, SchemaVersionError
-from megascope.trainer.config import TraceConfig
+from megascope.tracer.config import TraceConfig
 
 duckdb = pytest.importorskip("duckdb")
 
@@ -80,7 +80,7 @@ def test_a_restarted_rank_appends_segments(tmp_path: Path):
 WRITER = textwrap.dedent("""
     import sys, time
     from megascope import tracer
-    from megascope.trainer.config import TraceConfig
+    from megascope.tracer.config import TraceConfig
     t = tracer.Tracer(sys.argv[1], 0, TraceConfig(nvml=False, flush_interval_s=0.005, flush_events=5000), "cpu")
     tracer.activate(t)
     step = 0

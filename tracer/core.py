@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -24,23 +24,15 @@ from megascope.tracer.buffer import TableBuffer
 from megascope.tracer.clock import HostClock
 from megascope.tracer.clock_sync import ClockSyncResult, estimate_offsets
 from megascope.tracer.completion import CompletionTracker
+from megascope.tracer.config import TraceConfig
 from megascope.tracer.flusher import Flusher
 from megascope.tracer.schedule import Schedule, check_level, every_n_steps
 from megascope.tracer.schema import TABLES, WAIT_SUFFIX
 from megascope.tracer.sink import ParquetSegmentSink, Sink
 from megascope.tracer.watchdog import CommOp, HangWatchdog, InflightRegistry
 
-if TYPE_CHECKING:
-    from megascope.trainer.config import TraceConfig
-
 log = logging.getLogger("megascope.tracer")
 _monotonic_ns = time.monotonic_ns
-
-
-def _default_config() -> "TraceConfig":
-    from megascope.trainer.config import TraceConfig
-
-    return TraceConfig()
 
 
 class Tracer:
@@ -51,10 +43,10 @@ class Tracer:
     schedule records every `cfg.every`-th step.
     """
 
-    def __init__(self, run_dir: str | Path | None, rank: int, cfg: "TraceConfig | None" = None,
+    def __init__(self, run_dir: str | Path | None, rank: int, cfg: TraceConfig | None = None,
                  device: torch.device | str = "cpu", *, sink: Sink | None = None,
                  clock: HostClock | None = None, schedule: Schedule | None = None) -> None:
-        cfg = cfg if cfg is not None else _default_config()
+        cfg = cfg if cfg is not None else TraceConfig()
         if run_dir is None and sink is None:
             raise ValueError("Tracer needs a run_dir or an injected sink (e.g. MemorySink())")
         self.cfg, self.rank, self.run_dir = cfg, int(rank), run_dir

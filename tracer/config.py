@@ -1,0 +1,34 @@
+"""The tracer's settings: the `[trace]` section of a job config, and what `Tracer` takes on its own
+(a plain loop or an attached job needs no megascope trainer to build one)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class TraceConfig:
+    enabled: bool = True
+    """Record spans, steps and GPU health into the run directory."""
+    level: str = "op"
+    """step (steps table only), op (compute, collectives, p2p) or detail (also per-layer tensor-parallel ops)."""
+    every: int = 1
+    """Record every n-th step (1 = all)."""
+    flush_interval_s: float = 5.0
+    """Flush buffered events to a Parquet segment at least this often (a killed rank loses at most this
+    much; each flush costs the flusher thread a few ms, mostly per file written)."""
+    flush_events: int = 20000
+    """... or when this many events are buffered."""
+    max_buffered_events: int = 500000
+    """Above this many unflushed events new events are dropped and counted (slow or full disk)."""
+    hang_timeout_s: float = 60.0
+    """A collective in flight longer than this is written to inflight/."""
+    clock_sync_every: int = 100
+    """Re-estimate clock offsets to rank 0 every n steps (0 = only at start); a step count, not seconds,
+    because every rank must join the same ping-pong round."""
+    nvml: bool = True
+    """Sample GPU health with NVML (switches itself off without a GPU)."""
+    nvml_interval_s: float = 1.0
+    """NVML sampling period."""
+    cupti: bool = False
+    """Record kernel activity with CUPTI (cupti-python) into the kernels table."""

@@ -96,13 +96,7 @@ def graph_from_events(events: pd.DataFrame, topology: pd.DataFrame, dp: int, tp:
     if waits:
         blocking &= ~(ev.kind.isin(["collective", "p2p"]) & (ev.issue_ns < ev.start_ns)).to_numpy()
         wait_of = _wait_targets(ev)
-    prev = np.full(n, -1, dtype=np.int64)
-    last_by_rank: dict[int, int] = {}
-    for i in range(n):  # note: sorted by rank then issue; one linear pass
-        r = int(ranks_arr[i])
-        prev[i] = last_by_rank.get(r, -1)
-        if blocking[i]:
-            last_by_rank[r] = i
+    prev = _program_order(ranks_arr, ev.issue_ns.to_numpy(), ev.end_ns.to_numpy(), blocking)
     pos = pd.Series(np.arange(n), index=ev.index)
     send_of = np.full(n, -1, dtype=np.int64)
     p2p = ev[ev.kind == "p2p"]
@@ -127,6 +121,93 @@ def graph_from_events(events: pd.DataFrame, topology: pd.DataFrame, dp: int, tp:
         lookup = pd.Series(latest.index.to_numpy(), index=latest.code.to_numpy())
         last_arrival[coll.index.to_numpy()] = lookup.reindex(codes).to_numpy()
     return StepGraph(ev, prev, send_of, instance, last_arrival, blocking, wait_of)
+
+
+def _program_order(ranks: np.ndarray, issue: np.ndarray, end: np.ndarray, blocking: np.ndarray) -> np.ndarray:
+    """prev of each event (sorted by rank, then issue): the last blocking event of its rank issued
+    before it. Events a rank issued at the same instant (a batched isend/irecv: NDTimeline's
+    forward-send-backward-recv becomes a send and a recv with equal times) were posted together and do
+    not wait for each other: they share the predecessor of the batch, and what follows the batch
+    waits for its blocking member that ended last. Ordered within the batch (by name, say), the recv
+    would hold up the send, whose peer's program waits for the send: a cycle in every 1F1B step."""
+    n = len(ranks)
+    prev = np.full(n, -1, dtype=np.int64)
+    last_by_rank: dict[int, int] = {}
+    batch_prev, batch_rank, batch_issue = -1, None, None
+    for i in range(n):  # one linear pass
+        r, t = int(ranks[i]), int(issue[i])
+        if r == batch_rank and t == batch_issue:
+            prev[i] = batch_prev
+        else:
+            prev[i] = batch_prev = last_by_rank.get(r, -1)
+            batch_rank, batch_issue = r, t
+        if blocking[i]:
+            cur = last_by_rank.get(r, -1)  # != batch_prev: a blocking member of this batch came first
+            if cur == batch_prev or end[i] >= end[cur]:
+                last_by_rank[r] = i
+    return prev
+
+
+class GraphCycleError(ValueError):
+    """The step graph has a dependency cycle: the trace's events were matched into an impossible
+    order (a receive that its own send waits for). A bug to report, not a step to replay."""
+
+
+def topological_levels(g: StepGraph) -> np.ndarray:
+    """Per event, its level in the step graph: 0 for events that wait for nothing, else 1 + the
+    highest level of what it waits for (program-order predecessor, `<op>.wait` target; a p2p pair
+    or a collective instance shares one level, as its members end together). Evaluating the levels in
+    order is one longest-path pass. Raises GraphCycleError when the graph is not a DAG."""
+    n = len(g.events)
+    unit = np.arange(n, dtype=np.int64)  # events that end together: one node
+    recv = np.flatnonzero(g.send_of >= 0)
+    unit[g.send_of[recv]] = recv
+    coll = np.flatnonzero(g.instance >= 0)
+    unit[coll] = n + g.instance[coll]
+    unit = pd.factorize(unit)[0].astype(np.int64)
+    n_units = int(unit.max()) + 1 if n else 0
+    src, dst = [g.prev], [np.arange(n)]
+    if g.wait_of is not None:
+        src.append(g.wait_of)
+        dst.append(np.arange(n))
+    src, dst = np.concatenate(src), np.concatenate(dst)
+    keep = src >= 0
+    edges = np.unique(np.stack([unit[src[keep]], unit[dst[keep]]], axis=1), axis=0).reshape(-1, 2)
+    level = _kahn_levels(n_units, edges[:, 0], edges[:, 1])
+    if (level < 0).any():
+        raise GraphCycleError(_cycle_text(g, np.flatnonzero(level[unit] < 0)))
+    return level[unit]
+
+
+def _kahn_levels(n_units: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """Longest-path depth of each node by Kahn's algorithm, one frontier at a time; -1 on the nodes
+    of cycles (and on what waits for them). A self-edge is a cycle."""
+    level = np.full(n_units, -1, dtype=np.int64)
+    indeg = np.bincount(dst, minlength=n_units)
+    order = np.argsort(src, kind="stable")
+    src, dst = src[order], dst[order]
+    starts = np.searchsorted(src, np.arange(n_units + 1))
+    frontier, depth = np.flatnonzero(indeg == 0), 0
+    while frontier.size:
+        level[frontier] = depth
+        counts = starts[frontier + 1] - starts[frontier]
+        total = int(counts.sum())
+        if not total:
+            break
+        offsets = np.repeat(starts[frontier] - np.cumsum(counts) + counts, counts) + np.arange(total)
+        reached = dst[offsets]
+        indeg -= np.bincount(reached, minlength=n_units)
+        frontier = np.unique(reached[indeg[reached] == 0])
+        depth += 1
+    return level
+
+
+def _cycle_text(g: StepGraph, stuck: np.ndarray) -> str:
+    ev = g.events.iloc[stuck[:4]]
+    where = ", ".join(f"rank {r} {name} seq {seq}" for r, name, seq in zip(ev["rank"], ev.name, ev.seq))
+    return (f"dependency cycle in the step graph of step {int(g.events.step.iloc[0])}: {len(stuck)} events "
+            f"wait for each other in a loop (e.g. {where}); their sends and receives or collectives were "
+            "matched into an impossible order")
 
 
 def _wait_targets(ev: pd.DataFrame) -> np.ndarray:

@@ -1,7 +1,8 @@
 """What-if: the step time if a finding's culprit had behaved like its peers.
 
 Replays the step graph (program order with the recorded host gaps, p2p transfers starting when both
-sides posted, collectives completing at the last arrival) twice: as recorded, and with the culprit's
+sides posted, collectives completing at the last arrival; one longest-path pass in topological order,
+a dependency cycle is reported as a bug and the what-if skipped) twice: as recorded, and with the culprit's
 net compute set to its peers' median (or the link's transfer time, or its stalled host gaps, to its
 peers'; for workload imbalance, every data-parallel replica's compute to the replicas' mean: the
 same work, balanced). The difference is the time the finding cost per step; over the step time, the
@@ -22,47 +23,52 @@ import pandas as pd
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.event_pass import has_wait_spans
 from megascope.analyzer.span_split import split_compute
-from megascope.analyzer.step_graph import StepGraph, events_window, graph_from_events
+from megascope.analyzer.step_graph import (GraphCycleError, StepGraph, events_window, graph_from_events,
+                                           topological_levels)
 from megascope.analyzer.store import Store
 
 FULL_REPLAY_MAX_RANKS = 512
 
 
-def replay(g: StepGraph, duration: np.ndarray, gap: np.ndarray, xfer: np.ndarray) -> np.ndarray:
-    """New end times of every event (ns, float) given own durations, host gaps and transfer times."""
-    ev = g.events
-    n = len(ev)
-    kind = ev.kind.to_numpy()
-    is_comp = (kind == "compute") | (kind == "host")
-    is_coll = g.instance >= 0
+def replay(g: StepGraph, duration: np.ndarray, gap: np.ndarray, xfer: np.ndarray,
+           levels: np.ndarray | None = None) -> np.ndarray:
+    """New end times of every event (ns, float) given own durations, host gaps and transfer times:
+    one longest-path pass over the step graph in topological order (`levels`, from
+    topological_levels(g), which raises GraphCycleError on a cycle; pass it to replay one graph
+    several times). Per level, every event's issue = its predecessor's end + its gap (or its
+    recorded issue), then its end: compute and other spans issue + duration; a p2p pair max of both
+    issues + transfer; a collective its instance's last issue + transfer; a wait max(issue, its op's end)."""
+    n = len(g.events)
+    if levels is None:
+        levels = topological_levels(g)
     is_recv = g.send_of >= 0
-    recv_of = np.full(n, -1, dtype=np.int64)
-    recv_of[g.send_of[is_recv]] = np.flatnonzero(is_recv)
-    is_send = recv_of >= 0
+    is_send = np.zeros(n, dtype=bool)
+    is_send[g.send_of[is_recv]] = True
+    is_coll = g.instance >= 0
     is_wait = g.wait_of >= 0 if g.wait_of is not None else np.zeros(n, dtype=bool)
-    issue0 = ev.issue_ns.to_numpy().astype(float)
-    end = ev.end_ns.to_numpy().astype(float)
-    n_inst = int(g.instance.max()) + 1 if is_coll.any() else 0
-    for _ in range(4 * n + 10):
-        issue = np.where(g.prev >= 0, end[np.maximum(g.prev, 0)] + gap, issue0)
-        new = end.copy()
-        new[is_comp] = issue[is_comp] + duration[is_comp]
-        if is_recv.any():
-            r, s = np.flatnonzero(is_recv), g.send_of[is_recv]
-            done = np.maximum(issue[r], issue[s]) + xfer[r]
-            new[r] = done
-            new[s] = done
-        if n_inst:
-            last = np.full(n_inst, -np.inf)
-            np.maximum.at(last, g.instance[is_coll], issue[is_coll])
-            new[is_coll] = last[g.instance[is_coll]] + xfer[is_coll]
-        other = ~(is_comp | is_recv | is_send | is_coll)
-        new[other] = issue[other] + duration[other]
-        if is_wait.any():  # a wait ends when its op does, or at once if the op already had
-            new[is_wait] = np.maximum(issue[is_wait], new[g.wait_of[is_wait]])
-        if np.allclose(new, end, rtol=0, atol=1.0):
-            return new
-        end = new
+    # each level's events sorted by role: plain (compute, host, unmatched ops: issue + duration),
+    # recv, send (ends with its recv), collective, wait; one slice per role and level, no masks
+    role = np.select([is_wait, is_recv, is_send, is_coll], [4, 1, 2, 3], 0)
+    key = levels * 5 + role
+    order = np.argsort(key, kind="stable")
+    b = np.searchsorted(key[order], np.arange(5 * (int(levels.max()) + 1 if n else 0) + 1))
+    issue0 = g.events.issue_ns.to_numpy().astype(float)
+    issue, end = issue0.copy(), np.zeros(n)
+    last = np.full(int(g.instance.max()) + 1 if is_coll.any() else 0, -np.inf)
+    for lo in range(0, len(b) - 1, 5):
+        i = order[b[lo]:b[lo + 5]]
+        p = g.prev[i]
+        issue[i] = np.where(p >= 0, end[np.maximum(p, 0)] + gap[i], issue0[i])
+        k, r, c, w = (order[b[lo + j]:b[lo + j + 1]] for j in (0, 1, 3, 4))
+        end[k] = issue[k] + duration[k]
+        if r.size:
+            s = g.send_of[r]
+            end[r] = end[s] = np.maximum(issue[r], issue[s]) + xfer[r]
+        if c.size:  # an instance's members share a level: their last issue is complete here
+            np.maximum.at(last, g.instance[c], issue[c])
+            end[c] = last[g.instance[c]] + xfer[c]
+        if w.size:  # a wait ends when its op does (an earlier level), or at once if the op already had
+            end[w] = np.maximum(issue[w], end[g.wait_of[w]])
     return end
 
 
@@ -187,11 +193,15 @@ def what_if(store: Store, f: Finding, max_steps: int | None = None) -> dict:
         g = graph_from_events(split_compute(ev, cpu_trace), store.topology, dp, tp, waits=cpu_trace)
         if g.events.empty:
             continue
+        try:
+            levels = topological_levels(g)
+        except GraphCycleError as exc:
+            return {"applicable": False, "reason": f"{exc}: a bug, please report it; what-if skipped"}
         duration, gap, xfer = _inputs(g)
         begin = g.events.issue_ns.min()
-        base = replay(g, duration, gap, xfer).max() - begin
+        base = replay(g, duration, gap, xfer, levels).max() - begin
         _apply_fix(f, g, store.topology, duration, gap, xfer)
-        fixed = replay(g, duration, gap, xfer).max() - begin
+        fixed = replay(g, duration, gap, xfer, levels).max() - begin
         observed = g.events.end_ns.max() - begin
         rows.append((int(step), observed / 1e9, base / 1e9, fixed / 1e9))
     if not rows:

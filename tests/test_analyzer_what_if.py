@@ -15,7 +15,7 @@ import pytest
 from megascope.analyzer import Run
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.span_split import split_compute
-from megascope.analyzer.step_graph import events_window, graph_from_events
+from megascope.analyzer.step_graph import GraphCycleError, events_window, graph_from_events, topological_levels
 from megascope.analyzer.what_if import _inputs, net_compute, replay
 from megascope.tracer import run_dir as rd
 from megascope.tracer.schema import EVENTS, SCHEMA_VERSION, STEPS
@@ -214,3 +214,116 @@ def test_stall_flap_what_if_credits_the_gap_before_the_link_ops(tmp_path):
     transfer = run.what_if(Finding("network_flap", [1, 3], ["localhost"], (2, 5), 2.0, "x", {"group": "pp"}))
     assert transfer["saved_per_step_s"] == pytest.approx(0.0, abs=1e-5)  # the transfers were normal
     assert np.isfinite(wi["throughput_lost"])
+
+
+def _fixed_point_replay(g, duration, gap, xfer):
+    """The replay as it was before the one-pass version (Jacobi iteration to a fixed point): the
+    reference the longest-path pass must reproduce on acyclic graphs."""
+    ev, n = g.events, len(g.events)
+    kind = ev.kind.to_numpy()
+    is_comp, is_coll, is_recv = (kind == "compute") | (kind == "host"), g.instance >= 0, g.send_of >= 0
+    is_send = np.zeros(n, dtype=bool)
+    is_send[g.send_of[is_recv]] = True
+    is_wait = g.wait_of >= 0 if g.wait_of is not None else np.zeros(n, dtype=bool)
+    issue0, end = ev.issue_ns.to_numpy().astype(float), ev.end_ns.to_numpy().astype(float)
+    n_inst = int(g.instance.max()) + 1 if is_coll.any() else 0
+    for _ in range(4 * n + 10):
+        issue = np.where(g.prev >= 0, end[np.maximum(g.prev, 0)] + gap, issue0)
+        new = end.copy()
+        new[is_comp] = issue[is_comp] + duration[is_comp]
+        r, s = np.flatnonzero(is_recv), g.send_of[is_recv]
+        new[r] = new[s] = np.maximum(issue[r], issue[s]) + xfer[r]
+        if n_inst:
+            last = np.full(n_inst, -np.inf)
+            np.maximum.at(last, g.instance[is_coll], issue[is_coll])
+            new[is_coll] = last[g.instance[is_coll]] + xfer[is_coll]
+        other = ~(is_comp | is_recv | is_send | is_coll)
+        new[other] = issue[other] + duration[other]
+        new[is_wait] = np.maximum(issue[is_wait], new[g.wait_of[is_wait]]) if is_wait.any() else new[is_wait]
+        if np.allclose(new, end, rtol=0, atol=1.0):
+            return new
+        end = new
+    raise AssertionError("the reference did not converge")
+
+
+@pytest.mark.parametrize("vpp", [1, 2])
+def test_one_pass_replay_equals_the_fixed_point_iteration(tmp_path, vpp):
+    from megascope.samples.simulator import SimConfig, simulate
+    cfg = SimConfig(dp=2, tp=2, pp=2, vpp=vpp, steps=3, micro_batches=4, seed=5,
+                    inject=["straggler:rank=5,slowdown=1.4", "flap:ranks=1-5,down_ms=3,period_steps=2,len=1,from=1"])
+    run = Run.open(simulate(tmp_path / "run", cfg))
+    rng = np.random.default_rng(0)
+    for step in range(3):
+        g = graph_from_events(split_compute(events_window(run.store, step, step, None, 1 << 30), False),
+                              run.store.topology, 2, 2)
+        d, gap, x = _inputs(g)
+        levels = topological_levels(g)
+        assert levels.max() > 20  # a deep graph: the pass must order it, not just read it back
+        for scale in (np.ones(len(d)), rng.uniform(0.3, 2.0, len(d))):  # as recorded; durations changed
+            got = replay(g, d * scale, gap * scale, x * scale, levels)
+            want = _fixed_point_replay(g, d * scale, gap * scale, x * scale)
+            assert np.abs(got - want).max() <= 1.0  # ns, the reference's own tolerance
+
+
+def _collective_rows(order: dict[int, list[int]]) -> list[dict]:
+    """tp all_reduces on ranks 0 and 1, each rank issuing its seqs in the given order, 1 ms apart."""
+    rows = []
+    for r, seqs in order.items():
+        for k, seq in enumerate(seqs):
+            rows.append(_row(r, 0, "all_reduce", "collective", "tp", seq, k, k, k + 0.5))
+    return rows
+
+
+def test_a_cycle_is_reported_and_the_what_if_skipped(tmp_path):
+    # rank 0 runs all_reduce seq 0 then 1, rank 1 seq 1 then 0: each instance waits for the other
+    events = _collective_rows({0: [0, 1], 1: [1, 0]})
+    steps = [{"rank": r, "step": 0, "start_ns": BASE_NS, "end_ns": BASE_NS + 2 * MS, "tokens": 1, "loss": 1.0,
+              "lr": 1e-3, "grad_norm": 1.0, "model_flops": 1e9, "dropped_events": 0} for r in (0, 1)]
+    run = Run.open(write_run(tmp_path / "run", events, steps, dp=1, tp=2, pp=1))
+    g = graph_from_events(events_window(run.store, 0, 0, None, 100), run.store.topology, 1, 2)
+    with pytest.raises(GraphCycleError, match="cycle.*rank"):
+        topological_levels(g)
+    wi = run.what_if(Finding("straggler", [1], ["localhost"], (0, 0), 2.0, "x"))
+    assert not wi["applicable"] and "cycle" in wi["reason"]
+    # the same ops in a consistent order replay as recorded
+    ok = Run.open(write_run(tmp_path / "ok", _collective_rows({0: [0, 1], 1: [0, 1]}), steps, dp=1, tp=2, pp=1))
+    g = graph_from_events(events_window(ok.store, 0, 0, None, 100), ok.store.topology, 1, 2)
+    d, gap, x = _inputs(g)
+    assert replay(g, d, gap, x).max() == pytest.approx(g.events.end_ns.max(), abs=1e3)
+
+
+def test_batched_send_and_recv_posted_together_do_not_wait_for_each_other(tmp_path):
+    # NDTimeline's send_forward_recv_backward becomes a send and a recv with equal times (issue =
+    # start). Ordered by name the recv came first and held up the send, whose peer waits for it:
+    # a cycle on every 1F1B step. Stage 0 / stage 1, two micro-batches, 1 ms compute, 0.1 ms transfers
+    events = []
+
+    def op(rank, name, kind, t0, t1, peer=-1, seq=-1, mb=0):
+        events.append(_row(rank, 0, name, kind, "pp" if kind == "p2p" else "", seq, t0, t0, t1, mb, peer))
+
+    op(0, "forward", "compute", 0, 1, mb=0)
+    op(0, "send_forward", "p2p", 1, 1.1, peer=1, seq=0)
+    op(0, "forward", "compute", 1.1, 2.1, mb=1)
+    op(0, "send_forward", "p2p", 2.1, 3.3, peer=1, seq=1, mb=1)      # batched with the recv below
+    op(0, "recv_backward", "p2p", 2.1, 3.3, peer=1, seq=0)
+    op(0, "backward", "compute", 3.3, 5.3, mb=0)
+    op(0, "recv_backward", "p2p", 5.3, 5.5, peer=1, seq=1, mb=1)
+    op(0, "backward", "compute", 5.5, 7.5, mb=1)
+    op(1, "recv_forward", "p2p", 0, 1.1, peer=0, seq=0)
+    op(1, "forward", "compute", 1.1, 2.1, mb=0)
+    op(1, "backward", "compute", 2.1, 3.2, mb=0)
+    op(1, "send_backward", "p2p", 3.2, 3.3, peer=0, seq=0)          # batched with the recv below
+    op(1, "recv_forward", "p2p", 3.2, 3.3, peer=0, seq=1, mb=1)
+    op(1, "forward", "compute", 3.3, 4.3, mb=1)
+    op(1, "backward", "compute", 4.3, 5.4, mb=1)
+    op(1, "send_backward", "p2p", 5.4, 5.5, peer=0, seq=1, mb=1)
+    steps = [{"rank": r, "step": 0, "start_ns": BASE_NS, "end_ns": BASE_NS + round(7.5 * MS), "tokens": 1,
+              "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0, "model_flops": 1e9, "dropped_events": 0} for r in (0, 1)]
+    run = Run.open(write_run(tmp_path / "run", events, steps, dp=1, tp=1, pp=2))
+    g = graph_from_events(events_window(run.store, 0, 0, None, 100), run.store.topology, 1, 1)
+    ev = g.events
+    send = int(np.flatnonzero((ev["rank"] == 0) & (ev.name == "send_forward") & (ev.seq == 1))[0])
+    recv = int(np.flatnonzero((ev["rank"] == 0) & (ev.name == "recv_backward") & (ev.seq == 0))[0])
+    assert g.prev[send] == g.prev[recv] and ev.name.iat[g.prev[send]] == "forward"
+    d, gap, x = _inputs(g)
+    assert (replay(g, d, gap, x).max() - BASE_NS) / MS == pytest.approx(7.5, abs=1e-3)

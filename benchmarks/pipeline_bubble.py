@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from megascope.trainer.config import JobConfig
-from megascope.trainer.schedules import analytical_bubble, schedule_name
+from megascope.trainer.schedule_order import analytical_bubble, schedule_name
 
 LAYOUTS = [(1, 1, 8), (2, 1, 4), (2, 1, 8), (2, 2, 4), (2, 2, 8), (2, 4, 8), (4, 1, 8), (4, 2, 8)]
 """(pp, vpp, micro-batches)"""

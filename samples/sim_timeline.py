@@ -18,7 +18,8 @@ import numpy as np
 
 from megascope.samples.faults_sim import Fault
 from megascope.samples.sim_model import Costs, Noise
-from megascope.samples.sim_schedule import PipeOp, global_order, stage_order, upstream
+from megascope.samples.sim_schedule import global_order, stage_order, upstream
+from megascope.trainer.schedule_order import Action
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,7 @@ class Timeline:
             self._step_tail(step, s)
         self.step_bounds.append((np.stack(start), np.stack(self.cur), np.stack(self.alive)))
 
-    def _pipe_op(self, step: int, s: int, op: PipeOp, factor: np.ndarray, done: dict) -> None:
+    def _pipe_op(self, step: int, s: int, op: Action, factor: np.ndarray, done: dict) -> None:
         c = self.costs
         fwd = op.kind == "F"
         dep = upstream(op, s, self.pp, self.vpp)
@@ -221,7 +222,7 @@ class Timeline:
                                            op.chunk if self.vpp > 1 else -1)
         done[(op.kind, op.microbatch, op.chunk, s)] = (self.cur[s].copy(), self.alive[s].copy())
 
-    def _transfer(self, step: int, s: int, op: PipeOp, dep: tuple[int, int], done: dict) -> None:
+    def _transfer(self, step: int, s: int, op: Action, dep: tuple[int, int], done: dict) -> None:
         """The p2p transfer feeding `op` from stage dep[0]: a send there, a recv here."""
         src, src_chunk = dep
         send_issue, send_alive = done[(op.kind, op.microbatch, src_chunk, src)]

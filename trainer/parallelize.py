@@ -23,7 +23,8 @@ from megascope.trainer.p2p import PipeComm
 from megascope.trainer.parallel_dims import ParallelDims
 from megascope.trainer.pipeline import PipelineChunk, TiedEmbeddingSync, split_into_chunks, tied_embedding_weight
 from megascope.trainer.recompute import apply_recompute
-from megascope.trainer.schedules import Action, ScheduleExecutor, build_schedule, schedule_name
+from megascope.trainer.schedule_order import Action, build_schedule, schedule_name
+from megascope.trainer.schedules import ScheduleExecutor
 from megascope.trainer.tensor_parallel import apply_tp
 
 

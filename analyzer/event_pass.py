@@ -2,13 +2,14 @@
 derived from, run over batches of ranks (bounded memory on 10^4-rank runs). Each batch reads its
 events once - through the timeline (sql/event_pass.sql: a window per rank-step, for traces whose spans
 nest or overlap) or without it (sql/event_pass_flat.sql: big traces whose spans do not, checked on a
-sample) - and its own steps segments, and appends its rows to the run-wide tables."""
+sample) - and its own steps segments, and appends its rows to the run-wide tables. Rank-steps a
+damaged segment may have held are then taken out of them (drop_incomplete, sql/incomplete.sql)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from megascope.analyzer.layout import instance_sql, is_regular
+from megascope.analyzer.layout import MATCHED_GROUPS, instance_sql, is_regular
 from megascope.analyzer.store import Store, load_sql
 from megascope.tracer.schema import WAIT_SUFFIX
 
@@ -36,7 +37,8 @@ _WAIT_LITERAL = "'" + WAIT_SUFFIX.replace("'", "''") + "'"
 def build_event_pass(store: Store, progress=None) -> None:
     """Create the temp tables `_rank_peer_step`, `rank_step` and `collective_instances`: per batch of
     ranks, one read of its events (aggregated per rank-step-peer and per collective) and of its steps
-    (joined into the batch's rank_step rows), appended to the run-wide tables."""
+    (joined into the batch's rank_step rows), appended to the run-wide tables. The rank-steps of
+    damaged segments go to `rank_step_incomplete` instead (drop_incomplete)."""
     base = run_start_ns(store)
     timeline = len(store.topology) <= TIMELINE_ALWAYS_RANKS or needs_timeline(store, base)
     batches = store.rank_prefix_batches(BATCH_RANKS) or [None]
@@ -56,6 +58,35 @@ def build_event_pass(store: Store, progress=None) -> None:
         progress("scanning events", len(batches), len(batches))
     store.execute(load_sql("collectives").format(base=base))
     store.execute("DROP TABLE _collective_partials")
+    drop_incomplete(store, "rank_step", "_rank_peer_step", "collective_instances")
+
+
+def drop_incomplete(store: Store, rank_step: str, peer_step: str | None, collectives: str) -> int:
+    """Move the rank-steps a damaged events or steps segment may have held (Store.incomplete_ranges)
+    out of `rank_step` into `<rank_step>_incomplete`, and delete their p2p rows (`peer_step`, either
+    end) and the collective instances they were members of, so no detector judges a rank on part of
+    its events. Returns the number of rank-step rows moved."""
+    ranges = store.incomplete_ranges()
+    moved = f"{rank_step}_incomplete"
+    if ranges.empty:
+        store.execute(f"CREATE OR REPLACE TEMP TABLE {moved} AS SELECT * FROM {rank_step} WHERE false")
+        return 0
+    store.con.register("_incomplete_ranges_df", ranges[["rank", "first_step", "last_step"]])
+    store.execute("CREATE OR REPLACE TEMP TABLE _incomplete_ranges AS SELECT * FROM _incomplete_ranges_df")
+    store.con.unregister("_incomplete_ranges_df")
+    topo = store.manifest["topology"]
+    dp, tp = int(topo["dp"]), int(topo["tp"])
+    join = "" if is_regular(store.topology, dp, tp) else "JOIN topology _t USING (rank)"
+    groups = ", ".join(f"('{g}')" for g in MATCHED_GROUPS)
+    sql = "\n".join(line for line in load_sql("incomplete").splitlines() if not line.startswith("--"))
+    for statement in (s.strip() for s in sql.split("\n;\n")):
+        if peer_step is None and "{peer_step}" in statement:
+            continue
+        store.execute(statement.format(rank_step=rank_step, rank_step_incomplete=moved, peer_step=peer_step,
+                                       collectives=collectives, groups=groups, join=join,
+                                       instance=instance_sql(store.topology, dp, tp, "_t")))
+    store.execute("DROP TABLE _incomplete_ranges")
+    return int(store.query(f"SELECT count(*) AS n FROM {moved}").n.iloc[0])
 
 
 def read_batch(store: Store, prefixes: list[str] | None, base: int, timeline: bool,

@@ -194,6 +194,21 @@ class Run:
             f.evidence["collectives_arrived_last"] = int(sel.late_count.sum())
             f.evidence["lateness_ms_per_step"] = round(1e3 * float(sel.lateness_s.sum()) / max(1, f.steps[1] - f.steps[0] + 1), 3)
 
+    def incomplete_data(self) -> list[dict[str, Any]]:
+        """Rank-steps left out of the diagnosis because a damaged segment may have held part of them:
+        rank, steps [first, last] (clipped to the run's steps), segment (relative path), one per
+        damaged events or steps segment. Their steps rows still count in the MFU timeline."""
+        self._ensure("rank_step")
+        ranges = self.store.incomplete_ranges()
+        if ranges.empty:
+            return []
+        span = self.store.query("SELECT min(step) AS a, max(step) AS b FROM (SELECT step FROM rank_step "
+                                "UNION ALL SELECT step FROM rank_step_incomplete)")
+        lo = int(span.a.iloc[0]) if span.a.notna().iloc[0] else 0
+        hi = int(span.b.iloc[0]) if span.b.notna().iloc[0] else 0
+        return [{"rank": int(r.rank), "steps": [max(int(r.first_step), lo), min(int(r.last_step), hi)],
+                 "segment": str(r.segment)} for r in ranges.itertuples()]
+
     def hang(self) -> HangReport | None:
         if self._hang is False:
             self._hang = find_hang(self.store)

@@ -1,8 +1,10 @@
 """DuckDB over a run directory: the views every analysis reads, and the SQL files that define them.
 
 Views: `events`, `steps`, `gpu` (Parquet segments, all ranks), `topology` (from run.json).
-Damaged segments (truncated, corrupt, foreign) are dropped from the views with a warning instead of
-failing the whole analysis: the first query that trips on one names the file, we exclude it and retry.
+Damaged segments (truncated, empty, corrupt, foreign) are dropped from the views with a warning instead
+of failing the whole analysis: the first query that trips on one names the file, we exclude it and retry.
+The rank-steps a dropped segment may have held are incomplete data (`incomplete_ranges`): the event
+pass keeps them out of what the detectors read, and the report lists them.
 After an elastic restart, `events` and `steps` (and every per-rank source) keep only the latest
 attempt of each (rank, step) (attempts.py).
 """
@@ -22,7 +24,8 @@ import pyarrow as pa
 
 from megascope.analyzer import attempts
 from megascope.tracer import run_dir as rd
-from megascope.tracer.schema import TABLES, SchemaVersionError
+from megascope.tracer.schema import SCHEMA_VERSION, TABLES, SchemaVersionError
+from megascope.tracer.sink import SEGMENT_RE
 
 
 class RunOpenError(RuntimeError):
@@ -32,6 +35,10 @@ class RunOpenError(RuntimeError):
 METADATA_CACHE_MAX_FILES = 20_000
 """Runs with more segments than this read Parquet footers without caching them."""
 _FILE_IN_ERROR = re.compile(r"""['"]([^'"]+\.parquet)['"]""")
+_DUCKDB_DATA_ERRORS = (duckdb.IOException, duckdb.InvalidInputException, duckdb.BinderException,
+                       duckdb.ConversionException)
+NO_STEP = 1 << 62
+"""Open end of an incomplete range (a damaged segment with no readable neighbour on that side)."""
 
 
 def load_sql(name: str) -> str:
@@ -63,11 +70,16 @@ class Store:
                                "`megascope train` or the OUT of `megascope simulate`)")
         if not self.path.is_dir():
             raise RunOpenError(f"{self.path} is a file, not a run directory")
+        problem = manifest_problem(self.path)
+        if problem:
+            raise RunOpenError(problem)
         try:
             self.manifest: dict[str, Any] = rd.read_manifest(self.path)
         except (FileNotFoundError, ValueError, SchemaVersionError) as exc:
             raise RunOpenError(str(exc)) from None
         self.warnings: list[str] = []
+        self.damaged: list[tuple[str, str]] = []
+        """(table, path) of every segment dropped from the views, in the order they were found."""
         self.con = duckdb.connect()
         self.con.execute(f"SET threads={threads or os.cpu_count() or 2}")
         self.con.execute("SET preserve_insertion_order=false")
@@ -80,7 +92,7 @@ class Store:
         self.con.execute("CREATE TEMP TABLE topology AS SELECT * FROM _topology_df")
         self.con.unregister("_topology_df")
         self.files = {t: _segments(self.path, t) for t in TABLES}
-        # cached footers make repeated queries (dashboard) faster, but on 10^5 segments the cache
+        self._all_files = {t: list(fs) for t, fs in self.files.items()}  # damaged ones included        # cached footers make repeated queries (dashboard) faster, but on 10^5 segments the cache
         # (~20 KB a file) would take GBs for files the event pass reads once
         cache = sum(len(f) for f in self.files.values()) <= METADATA_CACHE_MAX_FILES
         self.con.execute(f"SET parquet_metadata_cache={'true' if cache else 'false'}")
@@ -92,7 +104,8 @@ class Store:
         times = attempts.restart_times_ns(self.path, self.manifest, self.warnings)
         scan_steps = bool(self.files["steps"]) and (times is not None or len(self.files["steps"]) <= attempts.SCAN_MAX_FILES)
         for table in TABLES:
-            self._make_view(table)
+            # a glob view binds its columns from the first file: a damaged one fails the view itself
+            self.run_with_retry(lambda: self._make_view(table))
             # big runs: the first scan (with retry) validates; the attempts scan validates steps
             if len(self.files[table]) <= 2000 and not (table == "steps" and scan_steps):
                 self.run_with_retry(lambda: self.con.execute(f"SELECT count(*) FROM {table}").fetchall())
@@ -110,7 +123,7 @@ class Store:
         self.attempt_bounds = self.run_with_retry(lambda: attempts.build_bounds(self.con, "steps", restart_times or []))
         if self.attempt_bounds:
             for table in attempts.TIME_COLUMN:
-                self._make_view(table)
+                self.run_with_retry(lambda: self._make_view(table))
 
     def _make_view(self, table: str) -> None:
         files = self.files[table]
@@ -132,22 +145,65 @@ class Store:
         return attempts.latest_only(table, select) if self.attempt_bounds else select
 
     def run_with_retry(self, action: Callable[[], Any], attempts: int = 50) -> Any:
-        """Run `action`; when DuckDB names a damaged segment, drop it from its view and retry."""
+        """Run `action`; when DuckDB names a damaged segment, drop it from its view and retry (the
+        remade view can trip on the next damaged file: that one is dropped the same way)."""
+        stale: set[str] = set()
         for _ in range(attempts):
             try:
+                for table in sorted(stale):
+                    self._make_view(table)
+                    stale.discard(table)
                 return action()
-            except (duckdb.IOException, duckdb.InvalidInputException, duckdb.BinderException,
-                    duckdb.ConversionException) as exc:
+            except _DUCKDB_DATA_ERRORS as exc:
                 bad = self._culprit_file(str(exc))
                 if bad is None:
                     raise
-                table = next(t for t, fs in self.files.items() if bad in fs)
-                self.files[table].remove(bad)
-                self._excluded.add(table)
-                self.warnings.append(f"skipped damaged segment {os.path.relpath(bad, self.path)}: "
-                                     f"{str(exc).splitlines()[0][:160]}")
-                self._make_view(table)
+                stale.add(self._drop_segment(bad, str(exc)))
         raise RunOpenError(f"{self.path}: too many damaged segments; check the disk the run was written to")
+
+    def _drop_segment(self, bad: str, error: str) -> str:
+        """Forget a damaged segment (its table's view is remade by the caller); returns its table."""
+        table = next(t for t, fs in self.files.items() if bad in fs)
+        self.files[table].remove(bad)
+        self._excluded.add(table)
+        if (table, bad) not in self.damaged:
+            self.damaged.append((table, bad))
+        self.warnings.append(f"skipped damaged segment {os.path.relpath(bad, self.path)}: "
+                             f"{error.splitlines()[0][:160]}")
+        return table
+
+    def incomplete_ranges(self) -> pd.DataFrame:
+        """rank, first_step, last_step, segment: the rank-steps each dropped events or steps segment
+        may have held. A rank's segments are written in step order, so a damaged one lies between
+        its readable neighbours: from the last step of the one before to the first step of the one
+        after, both included (a flush can split a step across two segments). No neighbour on a side
+        (or a restart rewound the steps): open on that side (-NO_STEP / NO_STEP)."""
+        rows = []
+        for table, bad in self.damaged:
+            if table not in ("events", "steps"):
+                continue
+            folder = os.path.dirname(bad)
+            siblings = sorted((f for f in self._all_files[table] if os.path.dirname(f) == folder), key=_segment_order)
+            readable = set(self.files[table])
+            at = siblings.index(bad)
+            before = next((f for f in reversed(siblings[:at]) if f in readable), None)
+            after = next((f for f in siblings[at + 1:] if f in readable), None)
+            first = self._step_bound(before, "max") if before else None
+            last = self._step_bound(after, "min") if after else None
+            if first is not None and last is not None and first > last:
+                first = None  # a restart rewound the steps: the segment may hold any earlier step
+            rank = int(os.path.basename(folder).partition("=")[2] or -1)
+            rows.append({"rank": rank, "first_step": -NO_STEP if first is None else first,
+                         "last_step": NO_STEP if last is None else last,
+                         "segment": os.path.relpath(bad, self.path)})
+        return pd.DataFrame(rows, columns=["rank", "first_step", "last_step", "segment"]).astype(
+            {"rank": "int32", "first_step": "int64", "last_step": "int64"})
+
+    def _step_bound(self, segment: str, agg: str) -> int | None:
+        """min or max step of one readable segment (from its Parquet statistics); None if it has none."""
+        listing = "'" + segment.replace("'", "''") + "'"
+        rows = self.con.execute(f"SELECT {agg}(step) FROM read_parquet({listing}, hive_partitioning=false)").fetchall()
+        return None if not rows or rows[0][0] is None else int(rows[0][0])
 
     def _culprit_file(self, message: str) -> str | None:
         for match in _FILE_IN_ERROR.finditer(message):
@@ -245,17 +301,56 @@ class Store:
         return self.run_with_retry(lambda: self.con.execute(sql, params or {}).arrow())
 
 
+def _segment_order(path: str) -> tuple[int, str]:
+    """Write order of a rank's segments: by index (seg-1000000 after seg-999999), odd names last."""
+    match = SEGMENT_RE.match(os.path.basename(path))
+    return (int(match.group(1)), "") if match else (NO_STEP, os.path.basename(path))
+
+
+def manifest_problem(path: Path) -> str | None:
+    """What makes RUN/run.json unusable before its fields are read (None: go on). A missing or
+    unparsable file is left to run_dir.read_manifest, which says so."""
+    import json
+
+    file = path / rd.MANIFEST
+    try:
+        manifest = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict):
+        return (f"{file} is not a megascope run.json (it holds {_json_type(manifest)}, not an object); "
+                "pass a run directory written by megascope train, simulate or import")
+    if "schema_version" not in manifest:
+        return f"{file} has no schema_version: it is not a megascope run.json (this megascope reads v{SCHEMA_VERSION})"
+    version = manifest["schema_version"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        return (f"{file}: schema_version has the wrong type ({_json_type(version)} {json.dumps(version)}; "
+                f"expected an integer, {SCHEMA_VERSION} for this megascope); fix the field or re-import the run")
+    return None
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {bool: "a boolean", str: "a string", int: "an integer", float: "a number", list: "an array",
+            dict: "an object"}.get(type(value), type(value).__name__)
+
+
 def _topology_frame(manifest: dict, path: Path) -> pd.DataFrame:
-    topo = manifest.get("topology") or {}
-    ranks = topo.get("ranks")
+    topo = manifest.get("topology")
+    ranks = topo.get("ranks") if isinstance(topo, dict) else None
     if not ranks:
         raise RunOpenError(f"{path}/run.json has no topology.ranks; it was not written by megascope")
-    frame = pd.DataFrame(ranks)
-    for col, default in (("host", "localhost"), ("local_rank", 0)):
-        if col not in frame:
-            frame[col] = default
-    frame = frame[["rank", "pp", "dp", "tp", "host", "local_rank"]].copy()
-    for col in ("rank", "pp", "dp", "tp", "local_rank"):
-        frame[col] = frame[col].astype("int32")
+    try:
+        frame = pd.DataFrame(ranks)
+        for col, default in (("host", "localhost"), ("local_rank", 0)):
+            if col not in frame:
+                frame[col] = default
+        frame = frame[["rank", "pp", "dp", "tp", "host", "local_rank"]].copy()
+        for col in ("rank", "pp", "dp", "tp", "local_rank"):
+            frame[col] = frame[col].astype("int32")
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RunOpenError(f"{path}/run.json: topology.ranks must be a list of objects with integer rank, pp, "
+                           f"dp and tp ({type(exc).__name__}: {str(exc)[:120]}); the file is damaged") from None
     frame["host"] = frame["host"].astype(str)
     return frame.sort_values("rank").reset_index(drop=True)

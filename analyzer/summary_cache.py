@@ -43,11 +43,12 @@ SUMMARY_VIEW = "rank_step_summary"
 """The relation the heatmap reads: rank_step's columns plus late_count and lateness_s."""
 SUMMARY_DIR = Path("analysis") / "rank_step"
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""2: rank-steps of damaged segments are left out (event_pass.drop_incomplete); v1 summaries held them."""
 MAX_PARTS = 32
 GC_AGE_S = 600.0
 MIN_LATENESS_S = "1e-4"  # as Run._ensure("collectives"): arrivals later than this count as late
-_SQL_FILES = ("event_pass", "event_pass_flat", "_event_role", "rank_step", "collectives", "arrivals")
+_SQL_FILES = ("event_pass", "event_pass_flat", "_event_role", "rank_step", "collectives", "arrivals", "incomplete")
 _SUMMARY_SELECT = """SELECT rs.*, coalesce(la.late_count, 0)::BIGINT AS late_count, la.lateness_s
     FROM {rank_step} rs LEFT JOIN {late} la USING (rank, step)"""
 
@@ -207,14 +208,15 @@ def _rebuild_from(store: Store, first: int, timeline: bool, progress=None) -> No
                                     "TEMP TABLE _summary_collectives AS"),
                            "FROM _collective_partials", "FROM _summary_partials")
     store.execute(collectives.format(base=base))
+    ep.drop_incomplete(store, "_summary_rank_step", None, "_summary_collectives")
     arrivals = _renamed(load_sql("arrivals"), "FROM collective_instances", "FROM _summary_collectives")
     store.execute("CREATE OR REPLACE TEMP TABLE _summary_late AS " +
                   arrivals.rstrip().rstrip(";").replace("$min_lateness_s", MIN_LATENESS_S))
     store.execute(f"""CREATE OR REPLACE TEMP TABLE _summary_rows AS
         SELECT * FROM ({_SUMMARY_SELECT.format(rank_step="_summary_rank_step", late="_summary_late")})
         WHERE step >= {int(first)}""")
-    for table in ("_summary_rank_step", "_summary_collectives", "_summary_late", "_summary_partials",
-                  "_batch", "_batch_events", "_batch_steps", "_batch_peer_step", "_batch_partials"):
+    for table in ("_summary_rank_step", "_summary_rank_step_incomplete", "_summary_collectives", "_summary_late",
+                  "_summary_partials", "_batch", "_batch_events", "_batch_steps", "_batch_peer_step", "_batch_partials"):
         store.execute(f"DROP TABLE IF EXISTS {table}")
 
 

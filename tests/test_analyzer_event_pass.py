@@ -86,13 +86,17 @@ def test_damaged_segment_mid_pass_is_dropped(run_dir, tmp_path, monkeypatch):
     store = Store(copy)
     store.files["events"].append(str(victim))  # as if listed before the open-time check caught it
     store.warnings.clear()
+    store.damaged.clear()
     store._excluded.discard("events")
     store._make_view("events")
     ep.build_event_pass(store)
     assert any("rank=00006" in w for w in store.warnings)
+    assert [d for d in store.damaged] == [("events", str(victim))]
     rs = store.query("SELECT rank, count(*) AS n, sum(n_events) AS ev FROM rank_step GROUP BY rank ORDER BY rank")
-    assert len(rs) == 16 and (rs.n == 6).all()  # its steps are still read
-    assert (rs.ev[rs["rank"] != 6] > 0).all() and (rs.ev[rs["rank"] == 6] == 0).all()
+    assert len(rs) == 15 and (rs.n == 6).all() and 6 not in set(rs["rank"]) and (rs.ev > 0).all()
+    # its only events segment is gone: every step of rank 6 is incomplete (its steps rows are kept aside)
+    gone = store.query("SELECT rank, step, n_events FROM rank_step_incomplete ORDER BY step")
+    assert set(gone["rank"]) == {6} and gone.step.tolist() == list(range(6)) and (gone.n_events == 0).all()
 
 
 def _add_init_events(run_dir, ranks, step=-1):

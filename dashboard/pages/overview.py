@@ -22,7 +22,7 @@ _FINDING_VIEWS = {
     "straggler": ("heatmap", "compute"), "stage_imbalance": ("heatmap", "compute"),
     "workload_imbalance": ("heatmap", "compute"), "late_launch": ("heatmap", "lateness"),
     "network_flap": ("heatmap", "exposed_comm"), "slow_link": ("heatmap", "exposed_comm"),
-    "mfu_drop": ("heatmap", "mfu"), "hang": ("topology", None),
+    "hang": ("topology", None),
 }
 
 

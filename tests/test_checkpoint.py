@@ -112,9 +112,9 @@ def test_layout_change_is_refused_with_what_to_do(tmp_path):
     ck.check_resumable(info, saved)  # same layout: fine
     with pytest.raises(ck.CheckpointLayoutError, match=r"dp: saved 2, now 4.*new --run-dir"):
         ck.check_resumable(info, make_cfg(str(tmp_path), dp=4, pp=1))
-    from megascope.trainer.launch import check_robust
+    from megascope.trainer.launch import check_resume
 
-    assert "dp: saved 2, now 4" in check_robust(make_cfg(str(tmp_path), dp=4, pp=1))
+    assert "dp: saved 2, now 4" in check_resume(make_cfg(str(tmp_path), dp=4, pp=1), resume=True)
 
 
 def _fake_checkpoint(run_dir: Path, step: int, complete: bool) -> None:

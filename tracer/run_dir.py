@@ -25,6 +25,18 @@ def inflight_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "inflight"
 
 
+RUN_ENTRIES = (MANIFEST, *TABLES, "inflight", "checkpoints", "heartbeats", "health.json", "incidents.jsonl",
+               "self_check")
+"""What a run writes at the top of its directory (tracer, checkpoints, supervisor)."""
+
+
+def run_entries(run_dir: str | Path) -> list[str]:
+    """The run entries `run_dir` already holds: empty for a missing or empty directory, or for one
+    with only other files. Writing a new run where this is not empty would mix two runs' data."""
+    path = Path(run_dir)
+    return [name for name in RUN_ENTRIES if (path / name).exists()] if path.is_dir() else []
+
+
 def write_json_atomic(path: str | Path, data: Any) -> None:
     """Write JSON under a temporary name, then rename: readers never see half a file."""
     path = Path(path)

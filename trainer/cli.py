@@ -7,7 +7,7 @@ import sys
 
 from megascope.trainer.config_docs import field_docs
 from megascope.trainer.config import ConfigError, JobConfig, apply_overrides, load_toml, validate
-from megascope.trainer.faults import FaultSpecError, parse_specs
+from megascope.trainer.faults import FaultSpec, FaultSpecError, parse_specs
 from megascope.trainer.presets import PRESETS, preset
 
 # flag -> (section, field); every flag defaults to None so only flags the user gave override.
@@ -47,11 +47,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "train", help="train a GPT with dp x tp x pp parallelism, traced into a run directory",
         description="Train a GPT with tensor, pipeline and data parallelism (world = dp*tp*pp), "
                     "launched through torch.distributed's elastic launcher; every rank streams its "
-                    "trace into the run directory. Settings: defaults < --preset < --config < flags.",
+                    "trace into the run directory. Settings: defaults < --preset < --config < flags "
+                    "(the defaults shown are the config's own, before a --preset).",
         epilog="All config fields: docs/config.md. Faults: docs/faults.md.")
     p.add_argument("--config", metavar="FILE.toml", help="TOML file with [model] [parallel] [train] [data] [trace]")
     p.add_argument("--preset", choices=sorted(PRESETS), help="named starting point (tiny runs in seconds on a CPU)")
-    p.add_argument("--run-dir", help="where the trace and run.json go (default runs/<timestamp>)")
+    p.add_argument("--run-dir", help="where the trace and run.json go; must be new or empty unless --resume "
+                                     "(default: runs/<timestamp>)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the run in --run-dir from its latest complete checkpoint (same layout); "
+                        "a directory without a run starts a new one")
     p.add_argument("--inject", action="append", default=None, metavar="SPEC",
                    help="fault to inject, repeatable: straggler:rank=R,slowdown=X[,from=S][,to=S] | "
                         "late_launch:rank=R,ms=M[,every=K] | flap:ranks=A-B,down_ms=D,period_steps=P | "
@@ -59,20 +64,30 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override any config field, e.g. --set trace.flush_interval_s=1")
     docs = field_docs()
+    defaults = JobConfig()
     for flag, (section, name, kind) in FLAGS.items():
         help_kind = "on|off" if kind is str and name in _BOOL_FIELDS else kind.__name__.upper()
-        doc = docs[type(getattr(JobConfig(), section)).__name__].get(name, "")
-        p.add_argument(flag, type=kind, default=None, metavar=help_kind, help=f"[{section}.{name}] {doc}")
+        doc = docs[type(getattr(defaults, section)).__name__].get(name, "")
+        default = _shown(getattr(getattr(defaults, section), name))
+        # flags default to None (only the ones given override); the config default is shown instead
+        p.add_argument(flag, type=kind, default=None, metavar=help_kind,
+                       help=f"[{section}.{name}] {doc} (default: {default})".replace("%", "%%"))
     launch = p.add_argument_group("launch (torch.distributed elastic)")
-    launch.add_argument("--nnodes", type=int, default=1, help="number of nodes")
-    launch.add_argument("--node-rank", type=int, default=0, help="this node's index (static rendezvous)")
-    launch.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default world/nnodes)")
-    launch.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend")
+    launch.add_argument("--nnodes", type=int, default=1, help="number of nodes (default: 1)")
+    launch.add_argument("--node-rank", type=int, default=0, help="this node's index, static rendezvous (default: 0)")
+    launch.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default: world/nnodes)")
+    launch.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend (default: c10d)")
     launch.add_argument("--rdzv-endpoint", default="", help="host:port of the rendezvous (required with --nnodes > 1)")
     launch.add_argument("--rdzv-id", default="", help="job id shared by all nodes (default: the run directory name)")
 
 
 _BOOL_FIELDS = {"parallel_block", "zero", "sequence_parallel", "scatter_gather", "enabled"}
+
+
+def _shown(value: object) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return repr(value) if value == "" else str(value)
 
 
 def resolve_config(args: argparse.Namespace) -> JobConfig:
@@ -99,8 +114,27 @@ def resolve_config(args: argparse.Namespace) -> JobConfig:
     if args.inject is not None:
         cfg.inject = list(args.inject)
     validate(cfg)
-    parse_specs(cfg.inject, cfg.world_size)
+    check_fault_steps(parse_specs(cfg.inject, cfg.world_size), cfg.train.steps)
     return cfg
+
+
+def check_fault_steps(specs: list[FaultSpec], steps: int) -> None:
+    """Numbers a fault needs beyond its syntax (faults.parse_spec): steps inside the run, positive
+    delays. A hang at step -3 or past the last step would never fire, and the run would look clean."""
+    for spec in specs:
+        p, where = spec.params, f"--inject '{spec.text}'"
+        for key in ("at", "from", "to", "every", "period_steps"):
+            if key in p and (p[key] != int(p[key]) or p[key] < 0):
+                raise FaultSpecError(f"{where}: {key}={p[key]:g} must be a step count >= 0 (a whole number)")
+        for key in ("at", "from"):
+            if key in p and p[key] >= steps:
+                raise FaultSpecError(f"{where}: {key}={p[key]:g} is past the last step ({steps - 1}); "
+                                     f"the run has steps 0..{steps - 1}: lower it or raise --steps")
+        if p.get("from", 0) > p.get("to", float("inf")):
+            raise FaultSpecError(f"{where}: from={p['from']:g} is after to={p['to']:g}")
+        for key in ("ms", "down_ms", "every", "slowdown"):
+            if key in p and not 0 < p[key] < float("inf"):
+                raise FaultSpecError(f"{where}: {key}={p[key]:g} must be a positive number")
 
 
 def run(args: argparse.Namespace) -> int:

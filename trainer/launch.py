@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -20,7 +21,10 @@ from pathlib import Path
 
 from megascope.trainer.checkpoint import CheckpointLayoutError, check_resumable, latest_complete
 from megascope.trainer.config import JobConfig
-from megascope.trainer.supervisor import Supervisor, append_incident
+from megascope.trainer.heartbeat import heartbeat_dir, read_heartbeats
+from megascope.trainer.preflight import check_data, check_device, check_run_dir
+from megascope.trainer.supervisor import Supervisor, append_incident, process_alive
+from megascope.tracer.run_dir import run_entries
 
 
 def default_run_dir() -> str:
@@ -54,12 +58,24 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
         print("megascope train: --nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)",
               file=sys.stderr)
         return 2
+    if args.resume and not cfg.run_dir:
+        print("megascope train: --resume needs --run-dir RUN, the run to continue", file=sys.stderr)
+        return 2
     cfg.run_dir = cfg.run_dir or default_run_dir()
-    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
-    problem = check_robust(cfg)
+    problem = (check_run_dir(cfg.run_dir, args.resume) or check_device(cfg.train.device, nproc)
+               or check_data(cfg.data.path, cfg.model.seq_len) or check_resume(cfg, args.resume))
     if problem:
         print(f"megascope train: {problem}", file=sys.stderr)
         return 2
+    try:
+        Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"megascope train: cannot create --run-dir {cfg.run_dir} ({exc.strerror}); pass another path",
+              file=sys.stderr)
+        return 2
+    warn_stall_timeout(cfg)
+    if args.resume:
+        start_resumed_launch(cfg)
     max_restarts = cfg.robust.max_restarts
     endpoint = args.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
     launch_cfg = LaunchConfig(
@@ -72,8 +88,8 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
     # Each rank gets an even share of this node's cores (2 cores, 8 ranks -> 1 thread each).
     threads = max(1, (os.cpu_count() or 1) // nproc)
     print(f"[megascope] launching {cfg.world_size} ranks (dp={cfg.parallel.dp} tp={cfg.parallel.tp} "
-          f"pp={cfg.parallel.pp} vpp={cfg.parallel.vpp}) -> {cfg.run_dir}"
-          + (f", up to {max_restarts} automatic restart(s)" if max_restarts else ""), flush=True)
+          f"pp={cfg.parallel.pp} vpp={cfg.parallel.vpp}) -> {cfg.run_dir}; recovery: {recovery_text(cfg)}",
+          flush=True)
     supervisor = Supervisor(cfg.run_dir, cfg.robust, cfg.world_size, max_restarts).start()
     try:
         elastic_launch(launch_cfg, worker_main)(cfg.to_dict(), threads)
@@ -105,25 +121,62 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
     return 0
 
 
-def check_robust(cfg: JobConfig) -> str | None:
-    """What [robust] and an existing checkpoint need beyond config.validate; None when fine."""
+def recovery_text(cfg: JobConfig) -> str:
+    """The startup line's account of what happens after a failure."""
     r = cfg.robust
-    if r.checkpoint_every < 0 or r.keep_last < 1 or r.max_restarts < 0:
-        return "robust.checkpoint_every must be >= 0, robust.keep_last >= 1, robust.max_restarts >= 0"
-    if r.heartbeat_interval_s <= 0 or (0 < r.heartbeat_timeout_s <= 2 * r.heartbeat_interval_s):
-        return (f"robust.heartbeat_timeout_s ({r.heartbeat_timeout_s}) must exceed twice "
-                f"robust.heartbeat_interval_s ({r.heartbeat_interval_s}), which must be > 0")
-    if r.self_check not in ("restart", "always", "off"):
-        return f"robust.self_check '{r.self_check}' unknown; use restart, always or off"
+    if r.checkpoint_every == 0 and r.max_restarts == 0:
+        return "off (no checkpoints, no automatic restart: a failure ends the job)"
+    every = {0: "no checkpoints", -1: f"a checkpoint every ~{r.checkpoint_interval_s:g} s of training"}.get(
+        r.checkpoint_every, f"a checkpoint every {r.checkpoint_every} steps")
+    restarts = "no automatic restart" if not r.max_restarts else f"up to {r.max_restarts} automatic restart(s)" + (
+        " from the latest checkpoint" if r.checkpoint_every else "")
+    return f"{every}, {restarts} (--checkpoint-every 0 --max-restarts 0 turn it off)"
+
+
+def warn_stall_timeout(cfg: JobConfig) -> None:
+    r = cfg.robust
     if 0 < r.stall_timeout_s <= cfg.trace.hang_timeout_s and cfg.trace.enabled:
         print(f"[megascope] warning: robust.stall_timeout_s ({r.stall_timeout_s}) <= trace.hang_timeout_s "
               f"({cfg.trace.hang_timeout_s}): a hang is stopped before the in-flight records that name "
               "the hung rank are written", file=sys.stderr)
+
+
+def check_resume(cfg: JobConfig, resume: bool) -> str | None:
+    """With --resume: a complete checkpoint of the same layout, and no job of the run still alive.
+    (Without it, check_run_dir has made sure the directory holds no run, so no checkpoint either.)"""
+    if not resume:
+        return None
+    if not run_entries(cfg.run_dir):
+        print(f"[megascope] --resume: {cfg.run_dir} holds no run yet: starting a new one", flush=True)
+        return None
+    live = {r: b for r, b in read_heartbeats(cfg.run_dir).items()
+            if b.get("host") == socket.gethostname() and b.get("status") not in ("done", "failed")
+            and process_alive(int(b.get("pid", 0)))}
+    if live:
+        rank, beat = min(live.items())
+        return (f"--resume: a job is still running in {cfg.run_dir} (rank {rank}, pid {beat['pid']}); "
+                "stop it first (Ctrl-C in its terminal)")
     info = latest_complete(cfg.run_dir)
-    if info is not None:
-        try:
-            check_resumable(info, cfg)
-        except CheckpointLayoutError as exc:
-            return str(exc)
-        print(f"[megascope] {cfg.run_dir} has a checkpoint at step {info.step}: resuming from it", flush=True)
+    if info is None:
+        return (f"--resume: {cfg.run_dir} has no complete checkpoint to continue from (checkpoints were off, "
+                "or the run ended before its first one); pass a new --run-dir")
+    try:
+        check_resumable(info, cfg)
+    except CheckpointLayoutError as exc:
+        return str(exc)
     return None
+
+
+def start_resumed_launch(cfg: JobConfig) -> None:
+    """A new launch continuing a run: the previous launch's heartbeats and health view go (the
+    supervisor would take their pids for dead ranks of this launch), and a `restart` incident marks
+    where the new attempt begins, so the analyzer keeps only its rows of the steps run again."""
+    info = latest_complete(cfg.run_dir)
+    if info is None:
+        return
+    shutil.rmtree(heartbeat_dir(cfg.run_dir), ignore_errors=True)
+    (Path(cfg.run_dir) / "health.json").unlink(missing_ok=True)
+    append_incident(cfg.run_dir, {"kind": "restart", "attempt": 0, "ranks": [], "step": info.step,
+                                  "detail": f"megascope train --resume: a new launch continues the run "
+                                            f"from its checkpoint at step {info.step}"})
+    print(f"[megascope] --resume: continuing {cfg.run_dir} from its checkpoint at step {info.step}", flush=True)

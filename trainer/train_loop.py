@@ -1,5 +1,5 @@
 """The training loop of one rank: resume, data, one 3D-parallel step, the steps table, progress on rank 0,
-checkpoints every robust.checkpoint_every steps (two-stage: the loop stalls only for the host copy)."""
+checkpoints on robust's cadence (trainer/checkpoint_cadence.py; two-stage: the loop stalls only for the host copy)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch.distributed as dist
 
 from megascope import tracer as tracing
 from megascope.trainer.checkpoint import CheckpointManager
+from megascope.trainer.checkpoint_cadence import CheckpointCadence, agree_max
 from megascope.trainer.config import JobConfig
 from megascope.trainer.faults import Faults
 from megascope.trainer.flops import model_flops_per_step
@@ -38,7 +39,7 @@ def train(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults: Faul
     if active is not None:
         active.sync_clocks(dims.groups["world"])
     progress = Progress(cfg, dims) if rank == 0 else None
-    every = cfg.robust.checkpoint_every
+    cadence = CheckpointCadence(cfg.robust, start_step, agree_max(dims.groups["world"], device))
     try:
         for step in range(start_step, cfg.train.steps):
             _beat(heartbeat, step=step, status="training")
@@ -59,9 +60,11 @@ def train(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults: Faul
                 append_incident(cfg.run_dir, {"kind": "resumed", "attempt": restart, "step": step,
                                               "detail": f"attempt {restart} completed step {step} "
                                                         f"(resumed from checkpoint step {start_step})"})
-            if every > 0 and (step + 1) % every == 0:
+            if cadence.due(step, (end_ns - start_ns) / 1e9):
                 _beat(heartbeat, status="checkpointing")
                 ckpt.save(step + 1, state)
+            if rank == 0 and cadence.fixed_at == step:
+                print(f"[megascope] {cadence.describe()}", flush=True)
             sync_every = cfg.trace.clock_sync_every
             if active is not None and sync_every > 0 and (step + 1) % sync_every == 0:
                 active.sync_clocks(dims.groups["world"])  # every rank reaches this at the same step

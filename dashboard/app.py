@@ -6,12 +6,14 @@ run through `current_catalog()` and refresh on the shared `app-interval` while "
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from urllib.parse import parse_qs
 
 import dash
 from dash import Input, Output, State, dcc, html
 
+from megascope.dashboard.auth import TokenAuth
 from megascope.dashboard.runs import CATALOG_KEY, RunCatalog, current_catalog
 
 PAGES_FOLDER = Path(__file__).with_name("pages")
@@ -19,8 +21,9 @@ ASSETS_FOLDER = Path(__file__).with_name("assets")
 DEFAULT_REFRESH_S = 3.0
 
 
-def create_app(paths: list[str | Path], refresh_s: float = DEFAULT_REFRESH_S) -> dash.Dash:
-    """A Dash app serving exactly these run directories (selected in the browser by index)."""
+def create_app(paths: list[str | Path], refresh_s: float = DEFAULT_REFRESH_S, token: str | None = None) -> dash.Dash:
+    """A Dash app serving exactly these run directories (selected in the browser by index); with a
+    token, every request must carry it (dashboard/auth.py) or is answered 401."""
     catalog = RunCatalog(paths)
     app = dash.Dash(
         "megascope.dashboard",
@@ -30,14 +33,25 @@ def create_app(paths: list[str | Path], refresh_s: float = DEFAULT_REFRESH_S) ->
         title="megascope",
         suppress_callback_exceptions=True,  # page components appear only when their page is shown
         update_title=None,
+        on_error=_callback_failed,
     )
     app.server.config[CATALOG_KEY] = catalog
+    if token is not None:
+        app.server.wsgi_app = TokenAuth(app.server.wsgi_app, token)
     app.layout = _layout(catalog, refresh_s)
     # Registered per app (not with the global @callback) so several apps can live in one process.
     app.callback(Output("app-interval", "disabled"), Input("app-live", "value"))(pause_refresh)
     app.callback(Output("app-run", "value"), Input("app-url", "search"),
                  State("app-run", "value"))(run_from_url)
     return app
+
+
+def _callback_failed(error: Exception) -> None:
+    """A callback that raised (input no page of ours sends: a list where a name goes, a crafted click)
+    leaves its outputs as they were instead of answering 500; one line in the server's log says why."""
+    trigger = ",".join(dash.ctx.triggered_prop_ids) if dash.ctx.triggered_prop_ids else "?"
+    print(f"megascope dashboard: callback on {trigger} failed: {type(error).__name__}: {error}",
+          file=sys.stderr, flush=True)
 
 
 def _layout(catalog: RunCatalog, refresh_s: float) -> html.Div:

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from megascope import __version__
+
 # subcommand -> (module exposing add_parser(subparsers) and run(args) -> int, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("megascope.trainer.cli", "train a GPT with dp x tp x pp parallelism, traced into a run directory"),
@@ -22,12 +24,24 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Adds "(default: X)" to every option's help, except where there is no value to show (None, an
+    empty list, False for a switch) or the help text already names its default."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or action.default is False or action.default == [] or "default" in text:
+            return text
+        return super()._get_help_string(action)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The full parser of `command` (its module imported); the others are listed by name and help."""
     parser = argparse.ArgumentParser(
         prog="megascope",
         description="Train, trace and diagnose 3D-parallel LLM jobs (MegaScale-style).",
         epilog="megascope COMMAND --help explains each command.")
+    parser.add_argument("--version", action="version", version=f"megascope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in SUBCOMMANDS.items():
         if name == command:

@@ -12,21 +12,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from megascope.cli import main as megascope
+from megascope.cli import DefaultsHelpFormatter, main as megascope
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "demo", help="train, trace and diagnose a small 3D-parallel job with a straggler and a flapping link",
+        formatter_class=DefaultsHelpFormatter,
         description="End to end on a laptop: train a tiny GPT on 8 CPU ranks (dp=2, tp=2, pp=2) with a "
                     "straggler and a flapping pipeline link injected, analyze the trace, write an HTML "
                     "report and a Perfetto trace, then serve the dashboard on the run.")
-    p.add_argument("--run-dir", default="runs/demo", help="where the run goes")
+    p.add_argument("--run-dir", default="runs/demo", help="where the run goes (a new or empty directory)")
     p.add_argument("--steps", type=int, default=30, help="training steps")
     p.add_argument("--clean", action="store_true", help="no injected fault (the analysis should find nothing)")
     p.add_argument("--no-dashboard", action="store_true", help="stop after the analysis instead of serving "
                    "the dashboard")
-    p.add_argument("--port", type=int, default=8050, help="dashboard port on 127.0.0.1 (default 8050)")
+    p.add_argument("--port", type=int, default=8050, help="dashboard port on 127.0.0.1")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -5,19 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 
+from megascope.cli import DefaultsHelpFormatter
+
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("simulate", help="write a simulated run directory (any layout, injected faults)",
+                              formatter_class=DefaultsHelpFormatter,
                               description="Simulate a dp x tp x pp (x vpp) training job with a 1F1B/interleaved "
                                           "timeline, noise and injected faults; writes what the tracer writes.")
     p.add_argument("out", metavar="OUT", help="run directory to create")
-    p.add_argument("--dp", type=int, default=2)
-    p.add_argument("--tp", type=int, default=2)
-    p.add_argument("--pp", type=int, default=2)
-    p.add_argument("--vpp", type=int, default=1)
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--micro-batches", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dp", type=int, default=2, help="data-parallel degree")
+    p.add_argument("--tp", type=int, default=2, help="tensor-parallel degree")
+    p.add_argument("--pp", type=int, default=2, help="pipeline stages")
+    p.add_argument("--vpp", type=int, default=1, help="virtual pipeline chunks per stage (>1: interleaved 1F1B)")
+    p.add_argument("--steps", type=int, default=20, help="training steps to simulate")
+    p.add_argument("--micro-batches", type=int, default=8, help="micro-batches per step")
+    p.add_argument("--seed", type=int, default=0, help="seed of the timing noise")
     p.add_argument("--inject", action="append", default=[], metavar="SPEC",
                    help="fault: straggler:rank=R,slowdown=X[,from=S][,to=S] | late_launch:rank=R,ms=M[,every=K] | "
                         "flap:ranks=A-B,down_ms=D,period_steps=P | hang:rank=R,at=S | "

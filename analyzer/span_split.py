@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from megascope.analyzer.step_graph import ASYNC_NAMES
+from megascope.analyzer.step_graph import ASYNC_NAMES, sends_block
 from megascope.tracer.schema import WAIT_SUFFIX
 
 
@@ -26,7 +26,8 @@ def split_compute(events: pd.DataFrame, cpu_trace: bool) -> pd.DataFrame:
         internal  the ops and pieces after a span's first piece (host gaps there are 0 by construction)
     The cuts: a collective or p2p op, or a `<op>.wait` span, of the rank whose [start, end] lies inside
     a top-level compute span (the host sat in it); an async op issued inside one (send_forward/
-    backward; on CPU traces, `cpu_trace`, an op whose start, the enqueue, is after its issue) is cut at
+    backward, unless the trace's sends are synchronous (step_graph.sends_block); on CPU traces,
+    `cpu_trace`, an op whose start, the enqueue, is after its issue) is cut at
     its issue (it takes no time of the rank's own; graph_from_events(waits=True) lets it hold up
     nothing). Other events that start inside a split span (inner spans) are placed after its last
     piece: where the unsplit span's program order put them. `<op>.wait` rows are kept."""
@@ -37,7 +38,7 @@ def split_compute(events: pd.DataFrame, cpu_trace: bool) -> pd.DataFrame:
     reach_before = comp.groupby("rank").end_ns.cummax().groupby(comp["rank"]).shift(fill_value=_NS_MIN)
     top = comp[comp.start_ns >= reach_before]  # spans inside an earlier span of the rank are not cut
     comm = ev.kind.isin(["collective", "p2p"])
-    is_async = comm & ev.name.isin(ASYNC_NAMES)
+    is_async = comm & ev.name.isin(ASYNC_NAMES) & (not sends_block(ev))
     if cpu_trace:
         is_async |= comm & (ev.issue_ns < ev.start_ns)
     cuts = ev[comm | ((ev.kind == "host") & ev.name.str.endswith(WAIT_SUFFIX))]
@@ -46,7 +47,8 @@ def split_compute(events: pd.DataFrame, cpu_trace: bool) -> pd.DataFrame:
     lo = np.where(asy, cuts.issue_ns, cuts.start_ns)
     cuts = cuts.assign(cut_lo=lo, cut_hi=np.where(asy, cuts.issue_ns, cuts.end_ns), start_ns=lo)
     ops = _in_span(cuts, top)
-    ops = ops[(ops.cut_hi <= ops.span_end) & (ops.issue_ns >= ops.span_issue)]
+    # an op issued at the span's very end follows it (a zero-length tail piece would split it)
+    ops = ops[(ops.cut_hi <= ops.span_end) & (ops.cut_lo < ops.span_end) & (ops.issue_ns >= ops.span_issue)]
     if ops.empty:
         return ev.drop(columns=["_ord", "_sub", "_tie"])
     ops = ops.sort_values(["parent", "cut_lo"])

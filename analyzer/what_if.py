@@ -88,14 +88,14 @@ def _inputs(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _apply_fix(f: Finding, g: StepGraph, topo: pd.DataFrame, duration, gap, xfer) -> None:
-    ev = g.events.join(topo.set_index("rank")[["pp", "tp"]], on="rank")
+    ev = g.events.join(topo.set_index("rank")[["pp", "dp", "tp"]], on="rank")
     culprit = ev["rank"].isin(f.ranks).to_numpy()
-    comp = (ev.kind == "compute").to_numpy()
     outer = ~ev.internal.to_numpy(dtype=bool)  # gaps inside split spans are 0 by construction: not typical ones
     if f.kind in ("straggler", "stage_imbalance"):
         spans = net_compute(ev, duration)
         mine = spans["rank"].isin(f.ranks).to_numpy()
         if f.kind == "straggler":
+            mine = mine | _gated(spans, mine)
             peers, stage = ~mine, spans.pp.to_numpy()
         else:
             peers, stage = (spans.pp != f.evidence.get("stage")).to_numpy(), np.zeros(len(spans), dtype=int)
@@ -148,13 +148,39 @@ def _cut_gaps(g: StepGraph, gap: np.ndarray, ops: np.ndarray, typical: float) ->
 
 
 def net_compute(ev: pd.DataFrame, duration: np.ndarray) -> pd.DataFrame:
-    """One row per compute span of a split frame (split_compute, with topology pp/tp joined): span,
-    rank, pp, tp, chunk, microbatch, name, and net, its pieces' durations summed: the span's own work
-    without the time it sat in nested synchronous communication."""
+    """One row per compute span of a split frame (split_compute, with topology pp/tp, and dp where
+    joined): span, rank, pp, tp, (dp,) chunk, microbatch, name; net, its pieces' durations summed: the
+    span's own work without the time it sat in nested synchronous communication; pieces; end (ns)."""
     comp = (ev.kind == "compute").to_numpy()
-    rows = ev.loc[comp, ["span", "rank", "pp", "tp", "chunk", "microbatch", "name"]].assign(net=duration[comp])
-    first = rows.drop_duplicates("span").drop(columns="net").set_index("span")
-    return first.join(rows.groupby("span").net.sum()).reset_index()
+    cols = ["span", "rank", "pp", "tp"] + (["dp"] if "dp" in ev else []) + ["chunk", "microbatch", "name"]
+    rows = ev.loc[comp, cols].assign(net=duration[comp], end=ev.end_ns.to_numpy()[comp])
+    first = rows.drop_duplicates("span").drop(columns=["net", "end"]).set_index("span")
+    agg = rows.groupby("span").agg(net=("net", "sum"), pieces=("net", "size"), end=("end", "max"))
+    return first.join(agg).reset_index()
+
+
+GATED_END_TOLERANCE = 0.005
+"""A tp peer's span ends "together" with the straggler's within this share of the straggler's span
+(+ 10 us). Traces whose tp collectives are inside the kernels' timing (NDTimeline: one span per op,
+from its own start to the group's end) end exactly together (0-1 ns in the independent generator's);
+spans the simulator ends apart (tp all-reduce after the span) differ by ~2% (1.5% noise per op each)."""
+
+
+def _gated(spans: pd.DataFrame, mine: np.ndarray) -> np.ndarray:
+    """The spans of the culprit's tp peers (same stage and replica, same op) that end together with
+    the culprit's span and hold no visible communication (one piece): the peers waited for the culprit
+    inside them, a wait that leaves with the fix. Kept as recorded they would keep the step as slow
+    (a 10% straggler on a tp=2 trace was credited 0.0%)."""
+    if "dp" not in spans or not mine.any():
+        return np.zeros(len(spans), dtype=bool)
+    key = ["pp", "dp", "chunk", "microbatch", "name"]
+    ref = spans.loc[mine, key + ["net", "end"]].drop_duplicates(key)
+    m = spans[key + ["pieces", "end"]].reset_index().merge(ref, on=key, suffixes=("", "_c"))
+    tol = GATED_END_TOLERANCE * m.net + 10_000
+    hit = m["index"][(m.pieces == 1) & ((m.end - m.end_c).abs() <= tol)].to_numpy()
+    out = np.zeros(len(spans), dtype=bool)
+    out[hit] = True
+    return out & ~mine
 
 
 def _set_net(duration: np.ndarray, ev: pd.DataFrame, spans: pd.DataFrame, target: np.ndarray) -> None:
@@ -177,6 +203,60 @@ def replay_ranks(store: Store, f: Finding) -> list[int] | None:
     return topo.loc[sel, "rank"].astype(int).tolist()
 
 
+def _replay_step(store: Store, f: Finding, step: int, ranks: list[int] | None, cpu_trace: bool, dp: int,
+                 tp: int) -> tuple[int, float, float, float] | str | None:
+    """(step, observed, replayed, what-if) step times in seconds, a reason the what-if cannot be
+    run (a cycle), or None without events. The step time is the time from the end of the step
+    before (its last rank's) to the end of this one, what throughput sees. Without a barrier
+    between the steps the replay covers both, so each rank starts this step when its own previous
+    step ends in the replay: replaying this step alone, each rank starting at its recorded time,
+    kept the stagger a slow pipeline leaves between the stages' starts (stage 3 started 3.3 s before
+    stage 0 behind a 2.4x slow stage-0 rank, 1.4 s in the fault-free twin; what-if 12.5% above the
+    twin). With a barrier (every rank started this step only after every rank ended the previous
+    one: a job-wide sync the trace does not show) the ranks' waits for it are not their own time:
+    this step is replayed alone from its recorded start, plus the recorded time from the previous
+    step's end to that start (the two-step replay kept those waits and was 7.6% above the twin)."""
+    ev = events_window(store, step - 1, step, ranks, limit=1 << 40)
+    now_ev = ev.step == step
+    if not now_ev.any():
+        return None
+    overhead = _barrier(ev, now_ev)
+    if overhead is not None:
+        ev = ev[now_ev]
+    g = graph_from_events(split_compute(ev, cpu_trace), store.topology, dp, tp, waits=cpu_trace)
+    try:
+        levels = topological_levels(g)
+    except GraphCycleError as exc:
+        return f"{exc}: a bug, please report it; what-if skipped"
+    on = g.events.step.to_numpy()
+    now = on == step
+    duration, gap, xfer = _inputs(g)
+    base = replay(g, duration, gap, xfer, levels)
+    before = (duration.copy(), gap.copy(), xfer.copy())
+    _apply_fix(f, g, store.topology, duration, gap, xfer)
+    outside = (on < f.steps[0]) | (on > f.steps[1])  # the step before may precede the fault
+    for fixed, kept in zip((duration, gap, xfer), before):
+        fixed[outside] = kept[outside]
+    fixed = replay(g, duration, gap, xfer, levels)
+
+    def step_time(end: np.ndarray) -> float:
+        if overhead is not None:
+            return float(end[now].max() - g.events.issue_ns.to_numpy()[now].min() + overhead) / 1e9
+        start = end[~now].max() if (~now).any() else g.events.issue_ns.to_numpy()[now].min()
+        return float(end[now].max() - start) / 1e9
+
+    return step, step_time(g.events.end_ns.to_numpy()), step_time(base), step_time(fixed)
+
+
+def _barrier(ev: pd.DataFrame, now: pd.Series) -> float | None:
+    """The recorded ns from the previous step's last end to this step's first issue when every rank
+    started this step only after every rank had ended the previous one (a barrier); else None."""
+    if now.all():
+        return None
+    prev_end, start = ev.end_ns[~now].max(), ev.issue_ns[now].min()
+    return float(start - prev_end) if start >= prev_end else None
+
+
 def what_if(store: Store, f: Finding, max_steps: int | None = None) -> dict:
     if max_steps is None:  # each sampled step reads that step from every replayed rank's segments
         max_steps = 3 if len(store.topology) <= 4096 else 1
@@ -189,21 +269,11 @@ def what_if(store: Store, f: Finding, max_steps: int | None = None) -> dict:
     dp, tp = (int(store.manifest["topology"][k]) for k in ("dp", "tp"))
     rows = []
     for step in sample:
-        ev = events_window(store, int(step), int(step), ranks, limit=1 << 40)
-        g = graph_from_events(split_compute(ev, cpu_trace), store.topology, dp, tp, waits=cpu_trace)
-        if g.events.empty:
-            continue
-        try:
-            levels = topological_levels(g)
-        except GraphCycleError as exc:
-            return {"applicable": False, "reason": f"{exc}: a bug, please report it; what-if skipped"}
-        duration, gap, xfer = _inputs(g)
-        begin = g.events.issue_ns.min()
-        base = replay(g, duration, gap, xfer, levels).max() - begin
-        _apply_fix(f, g, store.topology, duration, gap, xfer)
-        fixed = replay(g, duration, gap, xfer, levels).max() - begin
-        observed = g.events.end_ns.max() - begin
-        rows.append((int(step), observed / 1e9, base / 1e9, fixed / 1e9))
+        row = _replay_step(store, f, int(step), ranks, cpu_trace, dp, tp)
+        if isinstance(row, str):
+            return {"applicable": False, "reason": row}
+        if row is not None:
+            rows.append(row)
     if not rows:
         return {"applicable": False, "reason": "no events in the finding's steps"}
     df = pd.DataFrame(rows, columns=["step", "observed_s", "replayed_s", "what_if_s"])

@@ -107,10 +107,11 @@ def test_straggler_what_if_credits_the_peer_wait_inside_its_spans(tmp_path):
     run = Run.open(write_run(tmp_path / "run", events, step_rows, dp=1, tp=2, pp=1))
     f = Finding("straggler", [1], ["localhost"], (2, steps - 1), 2.0, "rank 1 is slow")
     wi = run.what_if(f)
-    # step: 4 pieces x 2 ms + 3 all_reduces x 0.1 ms = 8.3 ms; fixed: 4 x 1 + 0.3 = 4.3 ms
-    assert wi["step_time_s"] == pytest.approx(8.3e-3, rel=1e-3)
+    # step: 4 pieces x 2 ms + 3 all_reduces x 0.1 ms = 8.3 ms, + 0.05 ms from the previous step's end
+    # (both ranks start together: a barrier); fixed: 4 x 1 + 0.3 + 0.05 = 4.35 ms
+    assert wi["step_time_s"] == pytest.approx(8.35e-3, rel=1e-3)
     assert wi["saved_per_step_s"] == pytest.approx(4.0e-3, rel=0.02)
-    assert wi["throughput_lost"] == pytest.approx(4.0 / 8.3, abs=0.01)
+    assert wi["throughput_lost"] == pytest.approx(4.0 / 8.35, abs=0.01)
 
 
 def test_async_ops_inside_a_span_are_cut_at_their_issue_and_block_at_their_wait(tmp_path):
@@ -327,3 +328,51 @@ def test_batched_send_and_recv_posted_together_do_not_wait_for_each_other(tmp_pa
     assert g.prev[send] == g.prev[recv] and ev.name.iat[g.prev[send]] == "forward"
     d, gap, x = _inputs(g)
     assert (replay(g, d, gap, x).max() - BASE_NS) / MS == pytest.approx(7.5, abs=1e-3)
+
+
+def _step_times(run: Run) -> pd.Series:
+    """Per step: last end - the previous step's last end (the what-if's step time); the first step:
+    its last end - its first start."""
+    steps = run.steps().groupby("step").agg(start=("start_ns", "min"), end=("end_ns", "max")).sort_index()
+    return steps.end.diff().fillna(steps.end - steps.start) / 1e9
+
+
+def _what_if_error(faulty: Run, twin: Run, f: Finding) -> float:
+    """The what-if's fault-free step time against the twin's measured one on the sampled steps."""
+    wi = faulty.what_if(f)
+    true = float(_step_times(twin)[wi["steps_sampled"]].mean())
+    return wi["what_if_step_time_s"] / true - 1
+
+
+def test_what_if_matches_the_fault_free_twin_of_a_simulated_run(tmp_path):
+    # same seed with and without the fault: the simulator's draws do not depend on the faults, so
+    # the twin is the run without it. Measured error on this pair: -0.10% (benchmarks/
+    # what_if_accuracy.py: simulator cases 0.00-0.05%); tolerance 1%, half the 2% goal. A pipeline
+    # straggler from step 0 was 12.5% off before the step time ran from the previous step's end
+    from megascope.samples.simulator import SimConfig, simulate
+    cfg = dict(dp=2, tp=1, pp=4, steps=8, micro_batches=4, seed=4)
+    faulty = Run.open(simulate(tmp_path / "faulty", SimConfig(inject=["straggler:rank=0,slowdown=2"], **cfg)))
+    twin = Run.open(simulate(tmp_path / "twin", SimConfig(**cfg)))
+    f = next(f for f in faulty.findings() if f.kind == "straggler" and 0 in f.ranks)
+    assert abs(_what_if_error(faulty, twin, f)) < 0.01
+
+
+def test_what_if_matches_the_twin_of_an_independent_trace(tmp_path):
+    # the independent generator (tests/independent_gen.py) through the NDTimeline importer: tp groups
+    # that wait for their slowest inside each op (the peer's span ends with the straggler's),
+    # rendezvous sends, a job-wide sync between steps. Measured errors: -0.34% and -0.08% here;
+    # tolerance 1%. Without fixing the tp peer's spans along with the slow GPU's the first is +17.7%
+    # (the issue's case 6 was credited 0.0%); with the sends taken as async the second is +11.7%
+    from tests.independent_gen import GenSpec, SlowRank, import_run
+    specs = [GenSpec(dp=2, tp=2, pp=1, steps=12, micro=4, seed=2,
+                     faults=[SlowRank(dp=1, stage=0, tp=1, fwd=1.2, bwd=1.2, first=4)]),
+             GenSpec(dp=2, tp=2, pp=4, steps=12, micro=4, seed=3, traced="tp0",
+                     faults=[SlowRank(dp=0, stage=0, fwd=2.5, bwd=2.3)])]
+    for i, spec in enumerate(specs):
+        faulty = Run.open(import_run(spec, tmp_path / f"faulty{i}"))
+        twin = Run.open(import_run(spec.fault_free(), tmp_path / f"twin{i}"))
+        slow = spec.faults[0]
+        # the slow GPU alone (whatever the detector names): its tp peer's wait must go with it
+        f = Finding("straggler", [spec.rank(slow.dp, slow.stage, slow.tp)], ["localhost"],
+                    (slow.first, spec.steps - 1), 1.2, "slow GPU")
+        assert abs(_what_if_error(faulty, twin, f)) < 0.01, i

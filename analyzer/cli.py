@@ -6,9 +6,10 @@ import argparse
 import json
 import sys
 
-from megascope.analyzer.progress import ProgressBar
 from megascope.analyzer.report import json_safe, render_text
 from megascope.analyzer.store import RunOpenError
+
+from megascope.progress import ProgressBar
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -19,8 +20,19 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of text")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
     p.add_argument("--no-what-if", action="store_true", help="skip the what-if replays (faster on huge runs)")
-    p.add_argument("--threads", type=int, default=None, help="DuckDB threads (default: all cores)")
+    p.add_argument("--threads", type=positive_int, default=None, help="DuckDB threads, >= 1 (default: all cores)")
     return p
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse prints the message and exits 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def run(args: argparse.Namespace) -> int:

@@ -6,6 +6,8 @@
 
 Exit codes: 0 imported; 2 bad input (one line per problem on stderr, no traceback). When some inputs
 are unreadable the readable ranks are still imported (the run is usable) and the exit code is 2.
+A failed import leaves nothing behind (writer.py: the run is renamed into --out when complete).
+A progress bar is drawn on stderr when it is a terminal.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import glob
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,19 +30,36 @@ class ImportResult:
     out: Path
     ranks: list[int]
     warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    """What was assumed for inputs that lacked something (a rank, steps): worth saying, not a problem."""
     failed_sources: list[str] = field(default_factory=list)
     """Inputs that could not be read at all (their ranks are missing from the run)."""
 
 
 def import_run(fmt: str, sources: list[str | Path], out: str | Path, dp: int | None = None,
                tp: int | None = None, pp: int | None = None, vpp: int | None = None,
-               columns: dict[str, str] | None = None, jobs: int = 1) -> ImportResult:
-    """Import `sources` of format `fmt` into the new run directory `out`. Raises ImportInputError."""
+               columns: dict[str, str] | None = None, jobs: int = 1,
+               progress: Callable[[str, int, int], None] | None = None) -> ImportResult:
+    """Import `sources` of format `fmt` into the new run directory `out` (nothing is left there when it
+    fails). Raises ImportInputError."""
     module = FORMATS.get(fmt)
     if module is None:
         raise ImportInputError(f"unknown format '{fmt}'; use one of: kineto, ndtimeline, flight-recorder")
     paths = _expand(sources)
-    writer = RunWriter(out, "flight-recorder" if module == "flight_recorder" else module)
+    writer = RunWriter(out, "flight-recorder" if module == "flight_recorder" else module, inputs=len(paths),
+                       progress=progress)
+    try:
+        ranks, failed = _convert(module, paths, writer, dp, tp, pp, vpp, columns or {}, jobs)
+    except BaseException:  # any failure, Ctrl-C included: no half-written run
+        writer.abort()
+        raise
+    return ImportResult(Path(out), ranks, list(writer.warnings), list(writer.notes), failed)
+
+
+def _convert(module: str, paths: list[Path], writer: RunWriter, dp: int | None, tp: int | None, pp: int | None,
+             vpp: int | None, columns: dict[str, str], jobs: int) -> tuple[list[int], list[str]]:
+    """Run the format's importer into `writer` and finish the run; returns the ranks imported and the
+    unreadable inputs."""
     failed: list[str] = []
     extra: dict = {}
     hosts: dict[int, str] = {}
@@ -50,16 +70,16 @@ def import_run(fmt: str, sources: list[str | Path], out: str | Path, dp: int | N
     elif module == "ndtimeline":
         from megascope.tracer.importers.ndtimeline import import_ndtimeline
 
-        layout, ranks = import_ndtimeline(paths, writer, dp, tp, pp, vpp, columns or {})
+        layout, ranks = import_ndtimeline(paths, writer, dp, tp, pp, vpp, columns)
     else:
         from megascope.tracer.importers.flight_recorder import import_flight_recorder
 
         layout, ranks, failed, extra = import_flight_recorder(paths, writer, dp, tp, pp, vpp)
     if not ranks:
         raise ImportInputError("nothing could be imported: " + "; ".join(writer.warnings or ["no ranks found"]))
-    writer.finish(layout, ranks, {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "columns": columns or {}},
+    writer.finish(layout, ranks, {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "columns": columns},
                   hosts=hosts, extra=extra)
-    return ImportResult(Path(out), ranks, list(writer.warnings), failed)
+    return ranks, failed
 
 
 def _expand(sources: list[str | Path]) -> list[Path]:
@@ -115,12 +135,19 @@ def run(args: argparse.Namespace) -> int:
         if value is not None and value < 1:
             print(f"megascope import: --{name} must be >= 1, got {value}", file=sys.stderr)
             return 2
+    from megascope.progress import ProgressBar
+
+    bar = ProgressBar()
     try:
         result = import_run(args.format, args.sources, args.out, args.dp, args.tp, args.pp, args.vpp,
-                            _column_map(args.column), jobs=args.jobs)
+                            _column_map(args.column), jobs=args.jobs, progress=bar)
     except (ImportInputError, ValueError, OSError) as exc:
+        bar.close()
         print(f"megascope import: {exc}", file=sys.stderr)
         return 2
+    bar.close()
+    for n in result.notes:
+        print(f"megascope import: note: {n}", file=sys.stderr)
     for w in result.warnings:
         print(f"megascope import: warning: {w}", file=sys.stderr)
     print(f"imported {len(result.ranks)} rank(s) into {result.out}; next: megascope analyze {result.out}")

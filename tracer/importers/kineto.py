@@ -2,9 +2,11 @@
 `tensorboard_trace_handler` write them.
 
 - rank, world size and process groups come from `distributedInfo` (rank also from the digits ending the
-  file name); the 3D layout from the groups' strides or --dp/--tp/--pp (layout.py);
+  file name); the 3D layout from the groups' strides or --dp/--tp/--pp (layout.py). A single trace with
+  neither (a single-process job) is rank 0 of a world of 1, with a note;
 - steps are the `ProfilerStep#N` annotations (N = the profiler's step number = the loop's step when the
-  profiler starts with the loop);
+  profiler starts with the loop). A trace without them (one profiled region, as Holistic Trace Analysis
+  reads it) is imported as one step 0 spanning the main thread's ops, with a note;
 - compute spans are painted from the main thread's ops (kineto_ops.paint): forward/backward from
   record_function annotations whose name says forward/backward, backward also from autograd's
   `evaluate_function` ops, optimizer from `Optimizer.step#...`, data wait from `enumerate(DataLoader)`,
@@ -194,15 +196,36 @@ def _ranks(value: Any) -> list[int] | None:
     return [int(r) for r in value] if isinstance(value, (list, tuple)) and value else None
 
 
-def rank_of(trace: RankTrace) -> int:
+def rank_of(trace: RankTrace, single: bool = False) -> int | None:
+    """The trace's rank: distributedInfo.rank, else the digits ending the file name. None when it has
+    neither and is the only input (`single`): a single-process trace, rank 0 of a world of 1."""
     info = trace.meta.get("distributedInfo") or {}
-    if isinstance(info.get("rank"), int):
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
         return info["rank"]
     m = _TRAILING_DIGITS.search(Path(trace.path).name)
     if m:
         return int(m.group(1) or m.group(2))
+    if single and not info:
+        return None
     raise ImportInputError(f"{trace.path}: no distributedInfo.rank and no rank at the end of the file name; "
-                           "profile with torch.distributed initialized, or name the file like trace_rank3.json")
+                           "profile with torch.distributed initialized, or name the file like trace_rank3.json "
+                           "(a single trace without them is imported as rank 0 of a world of 1)")
+
+
+def whole_region_step(trace: RankTrace) -> bool:
+    """A trace without ProfilerStep#N annotations: make its profiled region step 0, on the thread
+    whose ops cover the most time (the training loop's); False when it has no ops at all."""
+    busy = {tid: sum(e - s for s, e, _ in spans) for tid, spans in trace.intervals.items() if spans}
+    if not busy:
+        return False
+    main = max(busy, key=lambda tid: busy[tid])
+    spans = trace.intervals[main]
+    issued = [c for c in trace.comms if c.tid == main]
+    start = min([s for s, _, _ in spans] + [c.start for c in issued])
+    end = max([e for _, e, _ in spans] + [c.end for c in issued])
+    trace.steps = [(0, start, end)]
+    trace.meta["_main_tids"] = {main}
+    return True
 
 
 # ---- conversion of one rank ----------------------------------------------------------------------
@@ -211,8 +234,8 @@ def convert_rank(trace: RankTrace, rank: int, layout: Layout, writer: RunWriter)
     base = int(trace.meta.get("baseTimeNanoseconds") or 0)
     main_tids = trace.meta.get("_main_tids") or set()
     if not trace.steps or not main_tids:
-        raise ImportInputError(f"{trace.path}: no ProfilerStep#N annotations; profile with "
-                               "torch.profiler.profile(schedule=...) and call prof.step() after every step")
+        raise ImportInputError(f"{trace.path}: no ProfilerStep#N annotations and no CPU ops to import; pass "
+                               "a trace of the training loop (torch.profiler with ProfilerActivity.CPU)")
     index = ko.StepIndex(trace.steps)
     for number, start, end in sorted(trace.steps):
         writer.step(rank, number, base + start, base + end)
@@ -320,6 +343,7 @@ def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int 
     failed: list[str] = []
     hosts: dict[int, str] = {}
     done: dict[int, str] = {}
+    one_step: list[int] = []
     layout: Layout | None = None
     pool = mp.get_context("spawn").Pool(jobs) if jobs > 1 and len(paths) > 1 else None
     results: Any = iter(())
@@ -329,27 +353,31 @@ def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int 
             if isinstance(trace, str):
                 writer.warn(trace)
                 failed.append(str(path))
+                writer.input_done()
                 continue
             try:
-                rank = rank_of(trace)
+                rank = _rank(trace, len(paths) == 1, writer)
                 if rank in done:
                     raise ImportInputError(f"{path} and {done[rank]} are both rank {rank}; pass one trace per rank")
                 layout = layout or _layout(trace, dp, tp, pp, vpp)
                 if rank >= layout.world:
                     raise ImportInputError(f"{path} is rank {rank}, outside the world of {layout.world}")
+                if not trace.steps and whole_region_step(trace):
+                    one_step.append(rank)
                 convert_rank(trace, rank, layout, writer)
             except ImportInputError as exc:
                 if "both rank" in str(exc):
                     raise
                 writer.warn(str(exc))
                 failed.append(str(path))
+                writer.input_done()
                 continue
             finally:
                 remove_spool(trace.gpu_spool)
             done[rank] = str(path)
             hosts[rank] = str(trace.meta.get("host_name") or "unknown")
             writer.add_source(path, kind="kineto trace", rank=rank, events=trace.events_read,
-                              gpu_activities=trace.gpu_activities)
+                              gpu_activities=trace.gpu_activities, one_step=rank in one_step)
     finally:
         if pool:
             pool.close()
@@ -357,6 +385,10 @@ def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int 
                 if isinstance(rest, RankTrace):
                     remove_spool(rest.gpu_spool)
             pool.join()
+    if one_step:
+        writer.note(f"no ProfilerStep#N annotations in the trace of rank(s) {', '.join(map(str, sorted(one_step)[:16]))}"
+                    f"{' ...' if len(one_step) > 16 else ''}: each profiled region was imported as one step (step 0); "
+                    "for per-step analysis profile with torch.profiler.schedule(...) and call prof.step() every step")
     if layout is None:
         return Layout(1, 1, 1), [], hosts, failed
     missing = sorted(set(range(layout.world)) - set(done))
@@ -364,6 +396,15 @@ def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int 
         writer.warn(f"no trace for rank(s) {', '.join(map(str, missing[:16]))}{' ...' if len(missing) > 16 else ''}"
                     f" of {layout.world}; the other ranks were imported")
     return layout, sorted(done), hosts, failed
+
+
+def _rank(trace: RankTrace, single: bool, writer: RunWriter) -> int:
+    rank = rank_of(trace, single)
+    if rank is None:
+        writer.note(f"{trace.path} has no distributedInfo and no rank in its file name: imported as rank 0 of a "
+                    "world of 1 (a single-process trace)")
+        return 0
+    return rank
 
 
 def _layout(trace: RankTrace, dp: int | None, tp: int | None, pp: int | None, vpp: int | None) -> Layout:

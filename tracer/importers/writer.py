@@ -4,14 +4,21 @@ records the tracer writes, so `analyze`, `export` and `dashboard` cannot tell an
 Rows are buffered per rank in plain Python lists and flushed through the tracer's own
 `ParquetSegmentSink` every `flush_rows` rows, so memory stays bounded whatever the size of the dump.
 run.json records where the data came from: `"source": "import:<format>"` and `"import"` (the source
-files, their sizes, the options used and every warning raised while reading).
+files, their sizes, the options used, every warning and note raised while reading).
+
+Nothing is half-written: the run is built in a hidden folder beside `out` (`.NAME.importing-*`) and
+renamed to `out` once run.json is written (`finish`); a failed import removes it (`abort`), and the
+folders it had to create above it, never a directory the user already had.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,19 +41,32 @@ _STEP_COLUMNS = [f.name for f in STEPS]
 class RunWriter:
     """Buffers events/steps per rank and writes them as segments of the run directory `out`."""
 
-    def __init__(self, out: str | Path, fmt: str, flush_rows: int = 500_000) -> None:
-        self.out = Path(out)
-        if self.out.exists() and (self.out / rd.MANIFEST).exists():
-            raise ImportInputError(f"{self.out} already holds a run (run.json); pass a new --out directory")
-        self.out.mkdir(parents=True, exist_ok=True)
+    def __init__(self, out: str | Path, fmt: str, flush_rows: int = 500_000, inputs: int = 0,
+                 progress: Callable[[str, int, int], None] | None = None) -> None:
+        self.final = Path(out)
+        _check_out(self.final)
+        self._made = _missing_parents(self.final)
+        self.out = self.final.parent / f".{self.final.name}.importing-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        """Where segments are written until `finish` renames it to `final`."""
+        try:
+            self.out.mkdir(parents=True)
+        except OSError as exc:
+            self.abort()
+            raise ImportInputError(f"cannot create the run beside --out {self.final}: {exc.strerror or exc}") from None
         self.fmt = fmt
         self.flush_rows = flush_rows
         self.warnings: list[str] = []
+        self.notes: list[str] = []
+        """How an input was read when it lacked something (no rank, no steps): not a problem, but the user
+        should know what was assumed."""
         self.sources: list[dict[str, Any]] = []
         self._events: dict[int, dict[str, list]] = {}
         self._steps: dict[int, dict[str, list]] = {}
         self._sinks: dict[int, ParquetSegmentSink] = {}
         self.rows_written = {"events": 0, "steps": 0, "kernels": 0}
+        self.inputs = inputs
+        self.inputs_done = 0
+        self.progress = progress or (lambda label, done, total: None)
 
     # ---- rows -------------------------------------------------------------------------------
     def event(self, rank: int, step: int, name: str, kind: str, start_ns: int, end_ns: int,
@@ -116,9 +136,19 @@ class RunWriter:
     def warn(self, message: str) -> None:
         self.warnings.append(message)
 
+    def note(self, message: str) -> None:
+        self.notes.append(message)
+
     def add_source(self, path: str | Path, **info: Any) -> None:
+        """Record an input that was read (run.json's import.sources); counts towards the progress."""
         p = Path(path)
         self.sources.append({"path": str(p.resolve()), "bytes": p.stat().st_size if p.exists() else None, **info})
+        self.input_done()
+
+    def input_done(self) -> None:
+        """One more input handled (read or skipped): moves the progress bar."""
+        self.inputs_done += 1
+        self.progress("reading", self.inputs_done, max(self.inputs, self.inputs_done))
 
     # ---- flushing ---------------------------------------------------------------------------
     def _flush(self, rank: int, table: str) -> None:
@@ -156,7 +186,9 @@ class RunWriter:
 
     def finish(self, layout: Layout, ranks: list[int], options: dict[str, Any],
                hosts: dict[int, str] | None = None, extra: dict[str, Any] | None = None) -> Path:
-        """Flush every rank and write run.json (last: a reader never sees a manifest without data)."""
+        """Flush every rank, write run.json (last: a reader never sees a manifest without data) and move
+        the run into place at `final`; returns it."""
+        self.progress("writing", 0, 1)
         for rank in list(set(self._events) | set(self._steps)):
             self.flush_rank(rank)
         rd.write_manifest(self.out, {
@@ -164,7 +196,7 @@ class RunWriter:
             "start_time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "source": f"import:{self.fmt}",
             "import": {"format": self.fmt, "sources": self.sources, "options": options,
-                       "warnings": self.warnings, "imported_at_pid": os.getpid(),
+                       "warnings": self.warnings, "notes": self.notes, "imported_at_pid": os.getpid(),
                        "rows": dict(self.rows_written)},
             "config": {"parallel": {"dp": layout.dp, "tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp}},
             "topology": layout.topology(ranks, hosts),
@@ -175,7 +207,42 @@ class RunWriter:
             "versions": {"megascope": _version()},
             **(extra or {}),
         })
-        return self.out
+        _check_out(self.final)  # another process may have written there meanwhile: never clobber it
+        os.replace(self.out, self.final)  # onto a missing or empty directory: atomic
+        self.out = self.final
+        self.progress("writing", 1, 1)
+        return self.final
+
+    def abort(self) -> None:
+        """Remove everything this import wrote (the hidden folder and the parents it created)."""
+        if self.out != self.final and self.out.exists():
+            shutil.rmtree(self.out, ignore_errors=True)
+        for folder in self._made:  # deepest first; only if still empty (never another's files)
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+
+
+def _check_out(out: Path) -> None:
+    """--out must be a new directory or an empty one: an import writes a whole run."""
+    if (out / rd.MANIFEST).exists():
+        raise ImportInputError(f"{out} already holds a run (run.json); pass a new --out directory")
+    if out.exists() and not out.is_dir():
+        raise ImportInputError(f"--out {out} is a file; pass a new directory for the run")
+    if out.is_dir() and any(out.iterdir()):
+        raise ImportInputError(f"--out {out} exists and is not empty; pass a new or empty directory "
+                               "(an import writes a whole run and must not mix with other files)")
+
+
+def _missing_parents(out: Path) -> list[Path]:
+    """The folders above `out` that do not exist yet, deepest first."""
+    missing = []
+    parent = out.absolute().parent
+    while not parent.exists():
+        missing.append(parent)
+        parent = parent.parent
+    return missing
 
 
 def _version() -> str:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import plotly.io as pio
+from megascope.analyzer.heatmap import METRICS, color_range
 
 if TYPE_CHECKING:
     from megascope.analyzer.run import Run
@@ -28,20 +29,34 @@ def _figures(run: "Run", report: dict) -> list[go.Figure]:
     figs.append(fig)
     for metric in ("compute", "exposed_comm"):
         hm = run.heatmap(metric, max_rows=256, max_cols=300)
-        fig = go.Figure(go.Heatmap(z=hm.values, x=hm.cols, y=hm.rows, colorscale="Viridis",
-                                   colorbar={"title": hm.unit}))
+        # as the dashboard: the warm-up step (several times a normal step) must not wash out a straggler
+        zmin, zmax, clipped = color_range(hm.values, METRICS[metric][2] == "max")
+        fig = go.Figure(go.Heatmap(z=hm.values, x=hm.cols, y=hm.rows, colorscale="Viridis", zmin=zmin, zmax=zmax,
+                                   colorbar={"title": hm.unit + ("<br>(outliers clipped)" if clipped else "")}))
         fig.update_layout(title=f"{metric} per rank and step ({hm.unit})", xaxis_title="step",
                           yaxis_title=hm.group_by, height=480)
         figs.append(fig)
     return figs
 
 
+def _cost(finding: dict) -> str:
+    """The what-if cost cell: throughput lost to the finding, as in the text report."""
+    wi = finding.get("what_if") or {}
+    if wi.get("applicable") and wi.get("throughput_lost") is not None:
+        return f"{100 * wi['throughput_lost']:.1f}%"
+    return "n/a"
+
+
 def write_html(run: "Run", report: dict, path: str | Path) -> Path:
     rows = "".join(
         f"<tr><td>{html.escape(f['kind'])}</td><td>{f['steps'][0]}-{f['steps'][1]}</td>"
-        f"<td>{f['severity']:.2f}</td><td>{html.escape(', '.join(map(str, f['ranks'][:16])))}</td>"
+        f"<td>{f['severity']:.2f}</td><td>{_cost(f)}</td><td>{html.escape(', '.join(map(str, f['ranks'][:16])))}</td>"
         f"<td>{html.escape(f['summary'])}</td></tr>" for f in report["findings"]) or \
-        "<tr><td colspan=5>No findings.</td></tr>"
+        "<tr><td colspan=6>No findings.</td></tr>"
+    incomplete = "".join(f"<li>rank {d['rank']}, steps {d['steps'][0]}-{d['steps'][1]}: "
+                         f"{html.escape(d['segment'])} is damaged</li>" for d in report.get("incomplete_data", []))
+    incomplete = (f"<h2>Incomplete data</h2><p>Left out of the diagnosis (neither slow nor fast):</p><ul>{incomplete}</ul>"
+                  if incomplete else "")
     robust = "".join(f"<li>{html.escape(line)}</li>" for line in report.get("robustness", {}).get("summary", []))
     robust = f"<h2>Incidents and restarts</h2><ul>{robust}</ul>" if robust else ""
     figs = _figures(run, report)
@@ -53,7 +68,8 @@ def write_html(run: "Run", report: dict, path: str | Path) -> Path:
 </head><body><h1>megascope report</h1>
 <p>{html.escape(str(r['path']))}: {r['world']} ranks (dp={r['dp']} tp={r['tp']} pp={r['pp']} vpp={r['vpp']}), {r['steps']} steps,
 mean MFU {'n/a' if mean is None else f'{100 * mean:.1f}%'}.</p>
-<h2>Findings</h2><table><tr><th>kind</th><th>steps</th><th>severity</th><th>ranks</th><th>summary</th></tr>{rows}</table>
+<h2>Findings</h2><table><tr><th>kind</th><th>steps</th><th>severity</th><th>throughput lost (what-if)</th><th>ranks</th><th>summary</th></tr>{rows}</table>
+{incomplete}
 {robust}
 <h2>Plots</h2>{plots}
 {''.join(f'<p>warning: {html.escape(w)}</p>' for w in report['warnings'])}

@@ -176,8 +176,9 @@ class Store:
         """rank, first_step, last_step, segment: the rank-steps each dropped events or steps segment
         may have held. A rank's segments are written in step order, so a damaged one lies between
         its readable neighbours: from the last step of the one before to the first step of the one
-        after, both included (a flush can split a step across two segments). No neighbour on a side
-        (or a restart rewound the steps): open on that side (-NO_STEP / NO_STEP)."""
+        after, both included for events (a flush can split a step's events across two segments),
+        excluded for steps (one row per step). No neighbour on a side (or a restart rewound the
+        steps): open on that side (-NO_STEP / NO_STEP)."""
         rows = []
         for table, bad in self.damaged:
             if table not in ("events", "steps"):
@@ -190,6 +191,9 @@ class Store:
             after = next((f for f in siblings[at + 1:] if f in readable), None)
             first = self._step_bound(before, "max") if before else None
             last = self._step_bound(after, "min") if after else None
+            if table == "steps":  # a steps row lies in one segment: the neighbours' own steps are whole
+                first = None if first is None else first + 1
+                last = None if last is None else last - 1
             if first is not None and last is not None and first > last:
                 first = None  # a restart rewound the steps: the segment may hold any earlier step
             rank = int(os.path.basename(folder).partition("=")[2] or -1)

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from megascope.analyzer.heatmap import color_range
 from megascope.dashboard.widgets import FIGURE_MARGIN, FIGURE_TEMPLATE, empty_figure
 
 METRICS: dict[str, str] = {
@@ -48,25 +49,6 @@ def heatmap_figure(heatmap: Any, metric: str, group_by: str) -> go.Figure:
                       xaxis=dict(title="step", type="category"),
                       yaxis=dict(title=GROUPINGS.get(group_by, group_by), type="category", autorange="reversed"))
     return fig
-
-
-def color_range(values: np.ndarray, higher_is_worse: bool, quantile: float = 0.98,
-                outlier: float = 1.5) -> tuple[float | None, float | None, bool]:
-    """(zmin, zmax, clipped): a few extreme cells (the warm-up step, a restart) would take the whole
-    color scale and wash out a straggler, so the bad end is clipped at the 98th percentile when the
-    extreme is more than 1.5x beyond it (hover still shows the true value)."""
-    finite = values[np.isfinite(values)]
-    if finite.size < 20:
-        return None, None, False
-    if higher_is_worse:
-        top = float(np.quantile(finite, quantile))
-        if top > 0 and float(finite.max()) > outlier * top:
-            return float(finite.min()), top, True
-    else:
-        bottom = float(np.quantile(finite, 1 - quantile))
-        if bottom > 0 and float(finite.min()) < bottom / outlier:
-            return bottom, float(finite.max()), True
-    return None, None, False
 
 
 def clicked_cell(click_data: dict | None, group_by: str) -> tuple[int, int | None] | None:

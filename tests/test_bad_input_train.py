@@ -5,6 +5,7 @@ untouched). Then --resume, the way to continue a run in its own directory."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -140,3 +141,17 @@ def test_resume_continues_a_run_and_a_plain_rerun_is_refused(tmp_path):
     assert _steps(run) == [0, 1, 2, 3, 4, 5]
     incidents = [json.loads(line) for line in (run / "incidents.jsonl").read_text().splitlines()]
     assert [(i["kind"], i["step"]) for i in incidents] == [("restart", 4)]
+
+
+def test_version_and_defaults_in_help():
+    version = subprocess.run([sys.executable, "-m", "megascope", "--version"], capture_output=True, text=True)
+    from megascope import __version__
+
+    assert version.returncode == 0 and version.stdout.strip() == f"megascope {__version__}"
+    for command, option, default in [("train", "--lr", "0.003"), ("train", "--max-restarts", "3"),
+                                     ("simulate", "--steps", "20"), ("demo", "--steps", "30"),
+                                     ("dashboard", "--port", "8050"), ("dashboard", "--refresh", "3.0")]:
+        text = subprocess.run([sys.executable, "-m", "megascope", command, "--help"], capture_output=True,
+                              text=True, env={**os.environ, "COLUMNS": "1000"}).stdout  # one line per option
+        line = next(ln for ln in text.splitlines() if ln.strip().startswith(option + " "))
+        assert f"(default: {default})" in line, (command, line)

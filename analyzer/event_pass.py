@@ -75,8 +75,8 @@ def drop_incomplete(store: Store, rank_step: str, peer_step: str | None, collect
     store.execute("CREATE OR REPLACE TEMP TABLE _incomplete_ranges AS SELECT * FROM _incomplete_ranges_df")
     store.con.unregister("_incomplete_ranges_df")
     topo = store.manifest["topology"]
-    dp, tp = int(topo["dp"]), int(topo["tp"])
-    join = "" if is_regular(store.topology, dp, tp) else "JOIN topology _t USING (rank)"
+    dp, tp, cp = int(topo["dp"]), int(topo["tp"]), int(topo.get("cp", 1))  # no cp in run.json: cp = 1
+    join = "" if is_regular(store.topology, dp, tp, cp) else "JOIN topology _t USING (rank)"
     groups = ", ".join(f"('{g}')" for g in MATCHED_GROUPS)
     sql = "\n".join(line for line in load_sql("incomplete").splitlines() if not line.startswith("--"))
     for statement in (s.strip() for s in sql.split("\n;\n")):
@@ -84,7 +84,7 @@ def drop_incomplete(store: Store, rank_step: str, peer_step: str | None, collect
             continue
         store.execute(statement.format(rank_step=rank_step, rank_step_incomplete=moved, peer_step=peer_step,
                                        collectives=collectives, groups=groups, join=join,
-                                       instance=instance_sql(store.topology, dp, tp, "_t")))
+                                       instance=instance_sql(store.topology, dp, tp, "_t", cp)))
     store.execute("DROP TABLE _incomplete_ranges")
     return int(store.query(f"SELECT count(*) AS n FROM {moved}").n.iloc[0])
 
@@ -147,10 +147,10 @@ def pass_sql(store: Store, source: str, base: int, timeline: bool = True) -> str
 def _format_pass(sql: str, store: Store, source: str, base: int) -> str:
     """Fill an event-pass statement's placeholders; both passes code roles with sql/_event_role.sql."""
     topo = store.manifest["topology"]
-    dp, tp = int(topo["dp"]), int(topo["tp"])
-    join = "" if is_regular(store.topology, dp, tp) else "JOIN topology _t USING (rank)"
+    dp, tp, cp = int(topo["dp"]), int(topo["tp"]), int(topo.get("cp", 1))  # no cp in run.json: cp = 1
+    join = "" if is_regular(store.topology, dp, tp, cp) else "JOIN topology _t USING (rank)"
     role = "\n".join(line for line in load_sql("_event_role").splitlines() if not line.startswith("--"))
-    return sql.format(source=source, instance=instance_sql(store.topology, dp, tp, "_t"), join=join, base=base,
+    return sql.format(source=source, instance=instance_sql(store.topology, dp, tp, "_t", cp), join=join, base=base,
                       wait_suffix=_WAIT_LITERAL, async_op=async_op_sql(store),
                       event_role=role.format(wait_suffix=_WAIT_LITERAL))
 

@@ -1,68 +1,96 @@
 """Collective group instances from the topology: which ranks share one instance of a group.
 
-Events name their group (`dp`, `tp`, `pp`, `world`, `embedding`, ...) and a per-group `seq`; the
+Events name their group (`dp`, `tp`, `pp`, `cp`, `world`, `embedding`, ...) and a per-group `seq`; the
 same op on all members of one group instance has the same seq. The instance key here is what the
-members share: dp peers share (pp, tp), tp peers (pp, dp), pp peers (dp, tp); the trainer's
-`embedding` group (first and last stage ranks with the same dp/tp coordinates) is keyed like pp;
-`world` is one instance. Any other group name is not matched across ranks (instance NULL): it still
-counts in each rank's own time, but arrival skew is not judged on a group we cannot reconstruct.
+members share: tp peers share (pp, dp, cp), cp peers (pp, dp, tp), pp peers (dp, cp, tp); dp peers
+share (pp, tp): with context parallelism the gradient group spans dp x cp ranks (Megatron's
+data-parallel group with context parallelism); the trainer's `embedding` group (first and last stage
+ranks with the same dp/cp/tp coordinates) is keyed like pp; `world` is one instance. Any other group
+name is not matched across ranks (instance NULL): it still counts in each rank's own time, but
+arrival skew is not judged on a group we cannot reconstruct.
 
-When ranks are numbered regularly (rank = (pp * dp_size + dp) * tp_size + tp, as the trainer and the
-simulator do) the key is rank arithmetic, which saves a join per event on 10^8-event scans.
+A topology without a `cp` column (the trainer, runs written before context parallelism) has cp = 1.
+When ranks are numbered regularly (Megatron order: rank = tp + tp_size * (cp + cp_size * (dp + dp_size * pp)),
+as the trainer, the simulator and the importers do) the key is rank arithmetic, which saves a join per
+event on 10^8-event scans.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
-MATCHED_GROUPS = ("dp", "tp", "pp", "world", "embedding")
+MATCHED_GROUPS = ("dp", "tp", "pp", "cp", "world", "embedding")
 
 
-def is_regular(topology: pd.DataFrame, dp: int, tp: int) -> bool:
-    """True when rank = (pp * dp + dp_coord) * tp + tp_coord for every rank."""
-    expect = (topology.pp * dp + topology.dp) * tp + topology.tp
+def cp_size(topology: pd.DataFrame) -> int:
+    """The context-parallel size a topology frame shows (1 without a cp column). Callers that have
+    run.json pass its topology.cp instead; this serves those that only have the frame."""
+    if "cp" not in topology or topology.empty:
+        return 1
+    return int(topology["cp"].max()) + 1
+
+
+def _cp_coords(topology: pd.DataFrame) -> pd.Series:
+    return topology["cp"] if "cp" in topology else pd.Series(0, index=topology.index)
+
+
+def is_regular(topology: pd.DataFrame, dp: int, tp: int, cp: int | None = None) -> bool:
+    """True when rank = tp_c + tp * (cp_c + cp * (dp_c + dp * pp_c)) for every rank."""
+    cp = cp or cp_size(topology)
+    expect = topology.tp + tp * (_cp_coords(topology) + cp * (topology.dp + dp * topology.pp))
     return bool((expect == topology["rank"]).all())
 
 
-def instance_sql(topology: pd.DataFrame, dp: int, tp: int, table: str = "") -> str:
+def _keys(pp_c, dp_c, tp_c, cp_c, dp: int, tp: int, cp: int) -> dict[str, object]:
+    """Instance key per group kind from coordinates (ints, numpy arrays or SQL expression strings)."""
+    return {"dp": f"{pp_c} * {tp} + {tp_c}" if isinstance(pp_c, str) else pp_c * tp + tp_c,
+            "tp": f"({pp_c} * {dp} + {dp_c}) * {cp} + {cp_c}" if isinstance(pp_c, str) else (pp_c * dp + dp_c) * cp + cp_c,
+            "pp": f"({dp_c} * {cp} + {cp_c}) * {tp} + {tp_c}" if isinstance(pp_c, str) else (dp_c * cp + cp_c) * tp + tp_c,
+            "cp": f"({pp_c} * {dp} + {dp_c}) * {tp} + {tp_c}" if isinstance(pp_c, str) else (pp_c * dp + dp_c) * tp + tp_c}
+
+
+def instance_sql(topology: pd.DataFrame, dp: int, tp: int, table: str = "", cp: int | None = None) -> str:
     """SQL expression of the group instance of an event row (columns "group", rank; with a joined
-    topology row `table`.pp/dp/tp when the ranks are not numbered regularly)."""
-    if is_regular(topology, dp, tp):
-        pp_c, dp_c, tp_c = f"(rank // {dp * tp})", f"((rank // {tp}) % {dp})", f"(rank % {tp})"
+    topology row `table`.pp/dp/tp/cp when the ranks are not numbered regularly)."""
+    cp = cp or cp_size(topology)
+    if is_regular(topology, dp, tp, cp):
+        pp_c, dp_c = f"(rank // {dp * cp * tp})", f"((rank // {cp * tp}) % {dp})"
+        tp_c, cp_c = f"(rank % {tp})", f"((rank // {tp}) % {cp})"
     else:
-        pp_c, dp_c, tp_c = (f"{table}.pp", f"{table}.dp", f"{table}.tp")
-    return (f"""CASE "group" WHEN 'dp' THEN {pp_c} * {tp} + {tp_c} WHEN 'tp' THEN {pp_c} * {dp} + {dp_c} """
-            f"""WHEN 'pp' THEN {dp_c} * {tp} + {tp_c} WHEN 'embedding' THEN {dp_c} * {tp} + {tp_c} """
-            f"""WHEN 'world' THEN 0 ELSE NULL END""")
+        pp_c, dp_c, tp_c, cp_c = (f"{table}.pp", f"{table}.dp", f"{table}.tp", f"{table}.cp")
+    k = _keys(pp_c, dp_c, tp_c, cp_c, dp, tp, cp)
+    return (f"""CASE "group" WHEN 'dp' THEN {k['dp']} WHEN 'tp' THEN {k['tp']} WHEN 'pp' THEN {k['pp']} """
+            f"""WHEN 'embedding' THEN {k['pp']} WHEN 'cp' THEN {k['cp']} WHEN 'world' THEN 0 ELSE NULL END""")
 
 
-def group_members(topology: pd.DataFrame, dp: int, tp: int, pp: int, group: str, instance: int) -> list[int]:
+def group_members(topology: pd.DataFrame, dp: int, tp: int, pp: int, group: str, instance: int,
+                  cp: int | None = None) -> list[int]:
     """Global ranks of one group instance (the inverse of instance_sql)."""
-    topo = topology
-    if group == "dp":
-        sel = (topo.pp == instance // tp) & (topo.tp == instance % tp)
-    elif group == "tp":
-        sel = (topo.pp == instance // dp) & (topo.dp == instance % dp)
-    elif group in ("pp", "embedding"):
-        sel = (topo.dp == instance // tp) & (topo.tp == instance % tp)
-        if group == "embedding":
-            sel &= topo.pp.isin([0, pp - 1])
-    elif group == "world":
-        sel = topo["rank"] >= 0
-    else:
-        sel = topo["rank"] < 0
-    return topo.loc[sel, "rank"].astype(int).tolist()
+    cp = cp or cp_size(topology)
+    if group not in ("dp", "tp", "pp", "cp", "embedding", "world"):
+        return []
+    if group == "world":
+        return topology["rank"].astype(int).tolist()
+    c = topology
+    keys = _keys(c.pp.to_numpy(), c.dp.to_numpy(), c.tp.to_numpy(), _cp_coords(c).to_numpy(), dp, tp, cp)
+    sel = keys["pp" if group == "embedding" else group] == instance
+    if group == "embedding":
+        sel &= c.pp.isin([0, pp - 1]).to_numpy()
+    return c.loc[sel, "rank"].astype(int).tolist()
 
 
-def instance_keys(events: pd.DataFrame, topology: pd.DataFrame, dp: int, tp: int) -> pd.Series:
+def instance_keys(events: pd.DataFrame, topology: pd.DataFrame, dp: int, tp: int,
+                  cp: int | None = None) -> pd.Series:
     """The same instance key for a frame of collective events (group, rank): NaN for unknown groups."""
-    coords = topology.set_index("rank")[["pp", "dp", "tp"]]
-    c = coords.reindex(events["rank"].to_numpy())
-    pp_c, dp_c, tp_c = c.pp.to_numpy(), c.dp.to_numpy(), c.tp.to_numpy()
+    cp = cp or cp_size(topology)
+    topo = topology.assign(cp=_cp_coords(topology))
+    c = topo.set_index("rank")[["pp", "dp", "tp", "cp"]].reindex(events["rank"].to_numpy())
+    keys = _keys(c.pp.to_numpy(), c.dp.to_numpy(), c.tp.to_numpy(), c.cp.to_numpy(), dp, tp, cp)
+    keys["embedding"], keys["world"] = keys["pp"], 0 * c.pp.to_numpy()
     group = events["group"].to_numpy()
     key = pd.Series(float("nan"), index=events.index)
-    for name, value in (("dp", pp_c * tp + tp_c), ("tp", pp_c * dp + dp_c), ("pp", dp_c * tp + tp_c),
-                        ("embedding", dp_c * tp + tp_c), ("world", 0 * pp_c)):
+    for name, value in keys.items():
         mask = group == name
-        key[mask] = value[mask]
+        key[mask] = np.asarray(value)[mask]
     return key

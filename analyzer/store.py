@@ -347,11 +347,12 @@ def _topology_frame(manifest: dict, path: Path) -> pd.DataFrame:
         raise RunOpenError(f"{path}/run.json has no topology.ranks; it was not written by megascope")
     try:
         frame = pd.DataFrame(ranks)
-        for col, default in (("host", "localhost"), ("local_rank", 0)):
+        # cp (context parallel coordinate) is written only by context-parallel imports: absent = 0
+        for col, default in (("host", "localhost"), ("local_rank", 0), ("cp", 0)):
             if col not in frame:
                 frame[col] = default
-        frame = frame[["rank", "pp", "dp", "tp", "host", "local_rank"]].copy()
-        for col in ("rank", "pp", "dp", "tp", "local_rank"):
+        frame = frame[["rank", "pp", "dp", "tp", "host", "local_rank", "cp"]].copy()
+        for col in ("rank", "pp", "dp", "tp", "local_rank", "cp"):
             frame[col] = frame[col].astype("int32")
     except (KeyError, TypeError, ValueError) as exc:
         raise RunOpenError(f"{path}/run.json: topology.ranks must be a list of objects with integer rank, pp, "

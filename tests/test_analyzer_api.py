@@ -21,7 +21,7 @@ def run(run_dir):
 
 
 def test_topology_and_steps(run):
-    assert list(run.topology.columns) == ["rank", "pp", "dp", "tp", "host", "local_rank"]
+    assert list(run.topology.columns) == ["rank", "pp", "dp", "tp", "host", "local_rank", "cp"]
     assert len(run.topology) == 16 and run.warnings == []
     steps = run.steps()
     assert len(steps) == 16 * 8 and steps.loss[steps["rank"] < 12].isna().all()

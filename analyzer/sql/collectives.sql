@@ -1,7 +1,8 @@
 -- collective_instances: one row per collective op instance (all members of one group instance, same
 -- seq), merged from the event pass's per-batch partial rows (event_pass.py, _collective_partials).
--- The group instance comes from the topology (layout.py): dp peers share (pp, tp), tp peers share
--- (pp, dp), pp and embedding peers share (dp, tp), world is one instance; unknown groups are not matched.
+-- The group instance comes from the topology (layout.py): dp peers share (pp, tp) (with context
+-- parallelism the dp group spans dp x cp ranks), tp peers share (pp, dp, cp), cp peers (pp, dp, tp), pp
+-- and embedding peers (dp, cp, tp), world is one instance; unknown groups are not matched.
 --   "group" VARCHAR, instance BIGINT, seq BIGINT, step BIGINT, name VARCHAR
 --   members BIGINT            -- members that recorded the op
 --   last_rank INT             -- the member that arrived (issued) last: the one the others waited for

@@ -1,11 +1,15 @@
 """Import NDTimeline-style Parquet (MegaScale's open-sourced timer; the public what-if straggler
 artifact): one row per timed op with columns dp_rank, stage, rank, step, optype, start_ts, duration
 (float seconds), seq_id, mc (model chunk in the stage), gmc (global chunk), mb_id; job sizes (dp, pp,
-tp, vpp, world) from a small YAML file among the sources or from the command line.
+tp, cp, vpp, world) from the command line, from the job file (`--meta job.yaml`, or a YAML file among
+the sources: NDTimeline's `dp_size, pp_size, tp_size, dsp_size, vpp_size, world_size` or the short
+names), or inferred from the ranks. `dsp_size` (sequence parallelism across ranks) is context
+parallelism: cp, Megatron order tp, cp, dp, pp.
 
 The conversion is one DuckDB query (sorting and numbering spill to disk, so memory stays bounded):
 optypes map to our event names (docs/importers.md has the table), p2p peers are the worker of the
-neighbouring stage in the same data-parallel replica, sequence numbers count each rank's ops per group
+neighbouring stage at the same position in the same data-parallel replica (same cp and tp
+coordinates; the replica's one worker there when the trace holds one per (dp, stage)), sequence numbers count each rank's ops per group
 (collectives) or per peer and direction (p2p) in time order, as the tracer numbers them.
 Such traces often hold one worker per (dp, stage) rather than every tensor-parallel rank; the run then
 lists only those workers in its topology.
@@ -21,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from megascope.tracer.importers.layout import Layout
+from megascope.tracer.importers.layout import Layout, sizes_text
 from megascope.tracer.importers.writer import ImportInputError, RunWriter
 
 REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration")
@@ -50,24 +54,60 @@ OPTYPES: list[tuple[str, str, str, str, int]] = [
 ]
 
 
+JOB_KEYS = {"dp": "dp", "dp_size": "dp", "data_parallel_size": "dp",
+            "pp": "pp", "pp_size": "pp", "pipeline_model_parallel_size": "pp",
+            "tp": "tp", "tp_size": "tp", "tensor_model_parallel_size": "tp",
+            "cp": "cp", "cp_size": "cp", "dsp": "cp", "dsp_size": "cp", "context_parallel_size": "cp",
+            "vpp": "vpp", "vpp_size": "vpp", "virtual_pipeline_model_parallel_size": "vpp",
+            "world": "world", "world_size": "world"}
+"""Job-file keys -> our size names: NDTimeline's (dp_size, ..., dsp_size = sequence/context parallel),
+Megatron's argument names and the short ones."""
+
+
 def read_job_sizes(path: Path) -> dict[str, int]:
-    """The job-size YAML (flat `key: value` lines: dp, pp, tp, vpp, world); no YAML dependency."""
+    """Job sizes from a job file: every `key: value` line whose key is in JOB_KEYS, at any indentation
+    (a real job file holds much more; other lines are skipped, so no YAML dependency is needed). A
+    size given twice with different values, or a value that is not an integer, is an error."""
     sizes: dict[str, int] = {}
-    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line or line == "---":
+    origin: dict[str, str] = {}
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        raise ImportInputError(f"{path}: cannot read the job file ({exc.strerror or exc})") from None
+    for number, line in enumerate(text.splitlines(), 1):
+        key, sep, value = line.split("#", 1)[0].strip().lstrip("- ").partition(":")
+        name = JOB_KEYS.get(key.strip().lower()) if sep else None
+        value = value.strip().strip("'\"")
+        if name is None or value.lower() in ("", "null", "none", "~"):
             continue
-        key, sep, value = line.partition(":")
-        if not sep:
-            raise ImportInputError(f"{path}:{number}: expected 'key: value' (job sizes dp, pp, tp, vpp, world), "
-                                   f"got {line!r}")
-        key, value = key.strip().lower(), value.strip().strip("'\"")
-        if key in ("dp", "pp", "tp", "vpp", "world", "world_size"):
-            try:
-                sizes["world" if key == "world_size" else key] = int(value)
-            except ValueError:
-                raise ImportInputError(f"{path}:{number}: {key} must be an integer, got {value!r}") from None
+        try:
+            number_value = int(value)
+        except ValueError:
+            raise ImportInputError(f"{path}:{number}: {key.strip()} must be an integer, got {value!r}") from None
+        if number_value < 1:
+            raise ImportInputError(f"{path}:{number}: {key.strip()} must be >= 1, got {number_value}")
+        if name in sizes and sizes[name] != number_value:
+            raise ImportInputError(f"{path}:{number}: {key.strip()}: {number_value} contradicts {origin[name]}: "
+                                   f"{sizes[name]} earlier in the file; fix the job file")
+        sizes[name], origin[name] = number_value, key.strip()
+    if not sizes:
+        raise ImportInputError(f"{path}: no job sizes found (expected keys such as dp_size, pp_size, tp_size, "
+                               "dsp_size, vpp_size, world_size); pass --dp/--tp/--pp/--cp instead")
     return sizes
+
+
+def merge_sizes(flags: dict[str, int | None], sizes: dict[str, int], source: str) -> dict[str, int | None]:
+    """Command-line sizes completed by the job file's; a flag that contradicts the file is refused."""
+    out = dict(flags)
+    for name, value in sizes.items():
+        if name == "world":
+            continue
+        given = flags.get(name)
+        if given is not None and given != value:
+            raise ImportInputError(f"--{name} {given} contradicts {name}={value} in {source}; "
+                                   f"drop --{name} or fix the job file")
+        out[name] = value
+    return out
 
 
 def _check_columns(path: Path, renames: dict[str, str]) -> dict[str, str]:
@@ -107,17 +147,20 @@ def _select(path: Path, mapping: dict[str, str]) -> str:
 _CONVERT = """
 WITH src AS ({source}),
 ops(optype, name, kind, grp, peer_off) AS (VALUES {ops}),
-workers AS (SELECT dp_rank, stage, min(rank) AS wrank FROM src GROUP BY ALL),
+ranks AS (SELECT DISTINCT dp_rank, stage, rank, rank % {inner} AS pos FROM src),
+workers AS (SELECT dp_rank, stage, min(rank) AS wrank FROM ranks GROUP BY ALL),
 ev AS (
     SELECT CAST(s.rank AS INTEGER) AS rank, CAST(s.step AS BIGINT) AS step,
         CAST(s.mb_id AS INTEGER) AS microbatch, CAST(s.mc AS SMALLINT) AS chunk,
         coalesce(o.name, s.optype) AS name, coalesce(o.kind, 'host') AS kind, coalesce(o.grp, '') AS "group",
         CASE WHEN o.peer_off IS NULL OR o.peer_off = 0 THEN -1
-             ELSE coalesce(w.wrank, -1) END AS peer,
+             ELSE coalesce(x.rank, w.wrank, -1) END AS peer,
         CAST(round(s.start_ts * 1e9) AS BIGINT) AS start_ns,
         CAST(round((s.start_ts + s.duration) * 1e9) AS BIGINT) AS end_ns
     FROM src s
     LEFT JOIN ops o ON o.optype = s.optype
+    LEFT JOIN ranks x ON x.dp_rank = s.dp_rank AND x.stage = (s.stage + coalesce(o.peer_off, 0) + {pp}) % {pp}
+        AND x.pos = s.rank % {inner}
     LEFT JOIN workers w ON w.dp_rank = s.dp_rank AND w.stage = (s.stage + coalesce(o.peer_off, 0) + {pp}) % {pp}
 )
 SELECT rank, step, microbatch, chunk, name, kind, "group",
@@ -131,30 +174,40 @@ ORDER BY rank, start_ns
 
 
 def import_ndtimeline(sources: list[Path], writer: RunWriter, dp: int | None, tp: int | None, pp: int | None,
-                      vpp: int | None, renames: dict[str, str]) -> tuple[Layout, list[int]]:
-    """Convert the Parquet files (and job-size YAML) in `sources`; returns the layout and ranks written."""
-    yamls = [p for p in sources if p.suffix.lower() in (".yaml", ".yml")]
-    tables = [p for p in sources if p not in yamls]
+                      vpp: int | None, renames: dict[str, str], cp: int | None = None,
+                      meta: Path | None = None) -> tuple[Layout, list[int]]:
+    """Convert the Parquet files in `sources` (job files: `meta` and any YAML among the sources);
+    returns the layout and ranks written."""
+    yamls = [p for p in sources if p.suffix.lower() in (".yaml", ".yml")] + ([Path(meta)] if meta else [])
+    tables = [p for p in sources if p.suffix.lower() not in (".yaml", ".yml")]
     if not tables:
         raise ImportInputError("no NDTimeline Parquet file among the sources (only job-size YAML was given)")
+    flags: dict[str, int | None] = {"dp": dp, "tp": tp, "pp": pp, "cp": cp, "vpp": vpp}
     sizes: dict[str, int] = {}
     for y in yamls:
-        sizes.update(read_job_sizes(y))
+        found = read_job_sizes(y)
+        flags = merge_sizes(flags, found, y.name)
+        if "world" in found and sizes.get("world", found["world"]) != found["world"]:
+            raise ImportInputError(f"{y.name}: world_size {found['world']} contradicts world_size {sizes['world']} "
+                                   "of another job file; pass one job file")
+        sizes.update(found)
         writer.add_source(y, kind="job sizes")
+    dp, tp, pp, cp, vpp = (flags[k] for k in ("dp", "tp", "pp", "cp", "vpp"))
     mappings = {p: _check_columns(p, renames) for p in tables}
     for p in tables:
         writer.add_source(p, kind="ndtimeline parquet")
     con = duckdb.connect()
     con.execute("SET preserve_insertion_order=true")
     source = " UNION ALL ".join(_select(p, m) for p, m in mappings.items())
-    layout = _layout(con, source, sizes, dp, tp, pp, vpp)
+    layout = _layout(con, source, sizes.get("world"), dp, tp, pp, vpp, cp)
     _check_workers(con, source, layout, writer)
     ops = ", ".join(f"('{t}', '{n}', '{k}', '{g}', {o})" for t, n, k, g, o in OPTYPES)
     unknown = con.execute(f"SELECT DISTINCT optype FROM ({source}) WHERE optype NOT IN "
                           f"({', '.join(repr(t) for t, *_ in OPTYPES)})").fetchall()
     if unknown:
         writer.warn(f"unknown optypes kept as host spans: {', '.join(sorted(str(u[0]) for u in unknown))}")
-    reader = con.sql(_CONVERT.format(source=source, ops=ops, pp=layout.pp)).to_arrow_reader(200_000)
+    reader = con.sql(_CONVERT.format(source=source, ops=ops, pp=layout.pp,
+                                     inner=layout.tp * layout.cp)).to_arrow_reader(200_000)
     ranks: set[int] = set()
     for batch in reader:
         table = pa.Table.from_batches([batch])
@@ -175,23 +228,27 @@ def import_ndtimeline(sources: list[Path], writer: RunWriter, dp: int | None, tp
     return layout, sorted(ranks)
 
 
-def _layout(con: duckdb.DuckDBPyConnection, source: str, sizes: dict[str, int], dp: int | None,
-            tp: int | None, pp: int | None, vpp: int | None) -> Layout:
+def _layout(con: duckdb.DuckDBPyConnection, source: str, world: int | None, dp: int | None,
+            tp: int | None, pp: int | None, vpp: int | None, cp: int | None) -> Layout:
     seen_dp, seen_pp, max_rank = con.execute(
         f"SELECT max(dp_rank) + 1, max(stage) + 1, max(rank) FROM ({source})").fetchone()
     if seen_dp is None:
         raise ImportInputError("the NDTimeline files hold no rows")
-    dp = dp or sizes.get("dp") or int(seen_dp)
-    pp = pp or sizes.get("pp") or int(seen_pp)
-    world = sizes.get("world")
-    tp = tp or sizes.get("tp") or (world // (dp * pp) if world else None) or max(1, -(-(int(max_rank) + 1) // (dp * pp)))
-    layout = Layout(dp=dp, tp=tp, pp=pp, vpp=vpp or sizes.get("vpp") or 1)
+    dp = dp or int(seen_dp)
+    pp = pp or int(seen_pp)
+    cp = cp or 1
+    tp = tp or (world // (dp * cp * pp) if world else None) or max(1, -(-(int(max_rank) + 1) // (dp * cp * pp)))
+    layout = Layout(dp=dp, tp=tp, pp=pp, vpp=vpp or 1, cp=cp)
     if world and world != layout.world:
-        raise ImportInputError(f"job sizes disagree: dp={dp} x tp={tp} x pp={pp} = {layout.world}, world={world}; "
-                               "fix the YAML or pass --dp/--tp/--pp")
+        hint = ""
+        if world % layout.world == 0 and cp == 1:
+            hint = (f" (a job with context/sequence parallelism, dsp_size in NDTimeline job files? pass "
+                    f"--cp {world // layout.world} or --meta JOB.yaml)")
+        raise ImportInputError(f"job sizes disagree: {sizes_text(layout)} = {layout.world}, world={world}{hint}; "
+                               "fix the job file or pass --dp/--tp/--pp/--cp")
     if seen_dp > dp or seen_pp > pp:
         raise ImportInputError(f"the trace has dp_rank up to {seen_dp - 1} and stage up to {seen_pp - 1}, more than "
-                               f"dp={dp}, pp={pp}; pass the job's sizes with --dp/--pp or a YAML file")
+                               f"dp={dp}, pp={pp}; pass the job's sizes with --dp/--pp or --meta JOB.yaml")
     return layout
 
 
@@ -200,13 +257,15 @@ def _check_workers(con: duckdb.DuckDBPyConnection, source: str, layout: Layout, 
     rows = con.execute(f"SELECT DISTINCT rank, dp_rank, stage FROM ({source})").fetchall()
     for rank, dp_rank, stage in rows:
         if rank < 0 or rank >= layout.world:
+            hint = (" (context/sequence parallelism? pass --cp or --meta JOB.yaml)"
+                    if layout.cp == 1 and rank >= 0 else "")
             raise ImportInputError(f"rank {rank} is outside the world of {layout.world} ranks "
-                                   f"(dp={layout.dp} x tp={layout.tp} x pp={layout.pp}); pass the job's sizes")
+                                   f"({sizes_text(layout)}){hint}; pass the job's sizes")
         pp_c, dp_c, _ = layout.coords(int(rank))
         if (pp_c, dp_c) != (int(stage), int(dp_rank)):
             raise ImportInputError(f"rank {rank} is at dp_rank={dp_rank}, stage={stage} in the trace, but at "
-                                   f"dp={dp_c}, stage={pp_c} in Megatron rank order for dp={layout.dp}, "
-                                   f"tp={layout.tp}, pp={layout.pp}; pass the job's real --dp/--tp/--pp")
+                                   f"dp={dp_c}, stage={pp_c} in Megatron rank order for {sizes_text(layout)}; "
+                                   "pass the job's real --dp/--tp/--pp/--cp")
     present = {(int(d), int(s)) for _, d, s in rows}
     missing = [(d, s) for s in range(layout.pp) for d in range(layout.dp) if (d, s) not in present]
     if missing:

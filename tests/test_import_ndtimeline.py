@@ -201,3 +201,71 @@ def test_missing_worker_and_wrong_format(tmp_path: Path, capsys):
         import_run("ndtimeline", [tmp_path / "x.parquet"], tmp_path / "x")
     assert main(["import", "nope", str(src), "--out", str(tmp_path / "n")]) == 2
     assert "unknown format 'nope'" in capsys.readouterr().err
+
+
+# ---- context (sequence) parallelism: NDTimeline's dsp_size, Megatron order tp, cp, dp, pp ----------
+
+def _cp_trace(tmp: Path, slow: list | None = None) -> tuple[Path, Path]:
+    """A dp=4 x cp=2 x tp=1 x pp=2 job (16 ranks) from the independent generator, and its job file
+    written as a real one is: NDTimeline's keys among others, nested blocks, a null."""
+    from tests.independent_gen import GenSpec, write_ndtimeline
+
+    spec = GenSpec(dp=4, tp=1, pp=2, cp=2, steps=12, micro=4, seed=5, faults=slow or [])
+    src = write_ndtimeline(spec, tmp / "trace")
+    meta = tmp / "trace" / "job.yaml"
+    meta.write_text("job_name: llm-128\nparallel:\n  dp_size: 4\n  pp_size: 2\n  tp_size: 1\n  dsp_size: 2\n"
+                    "  vpp_size: null\n  world_size: 16\nhosts:\n  - node-a\n  - node-b  # two hosts\n")
+    return src, meta
+
+
+def test_context_parallel_import_with_meta_and_with_cp(tmp_path: Path):
+    src, meta = _cp_trace(tmp_path)
+    assert main(["import", "ndtimeline", str(src), "--meta", str(meta), "--out", str(tmp_path / "a")]) == 0
+    assert main(["import", "ndtimeline", str(src), "--dp", "4", "--pp", "2", "--tp", "1", "--cp", "2",
+                 "--out", str(tmp_path / "b")]) == 0
+    topo = json.loads((tmp_path / "a" / "run.json").read_text())["topology"]
+    assert topo == json.loads((tmp_path / "b" / "run.json").read_text())["topology"]
+    assert (topo["world"], topo["dp"], topo["cp"], topo["tp"], topo["pp"]) == (16, 4, 2, 1, 2)
+    rows = {r["rank"]: (r["pp"], r["dp"], r["cp"], r["tp"]) for r in topo["ranks"]}
+    assert rows[5] == (0, 2, 1, 0) and rows[14] == (1, 3, 0, 0) and len(rows) == 16
+    assert list(Run.open(tmp_path / "a").topology.cp[:4]) == [0, 1, 0, 1]
+
+
+def test_context_parallel_analysis_uses_cp_groups(tmp_path: Path):
+    from megascope.analyzer.flaps import group_members
+
+    src, meta = _cp_trace(tmp_path)
+    import_run("ndtimeline", [src], tmp_path / "run", meta=meta)
+    run = Run.open(tmp_path / "run")
+    findings = run.findings()
+    assert not [f.summary for f in findings if f.kind in ("network_flap", "slow_link")]
+    # the gradient all-reduce spans dp x cp = 8 ranks per stage (one instance per stage: tp = 1)
+    inst = run.store.query("""SELECT "group", instance, min(members) AS lo, max(members) AS hi
+                              FROM collective_instances GROUP BY ALL""")
+    dp_inst = inst[inst.group == "dp"]
+    assert sorted(dp_inst.instance) == [0, 1] and (dp_inst.lo == 8).all() and (dp_inst.hi == 8).all()
+    assert group_members(run.store, "dp", 1) == list(range(8, 16))
+    # a pipeline is one (dp, cp, tp) column: rank 3 (dp 1, cp 1) pairs with rank 11
+    assert group_members(run.store, "pp", 3) == [3, 11] and group_members(run.store, "cp", 2) == [4, 5]
+    p2p = run.events(steps=(3, 3)).query("kind == 'p2p'")
+    assert len(p2p) and ((p2p.peer - p2p["rank"]).abs() == 8).all()
+
+
+def test_context_parallel_layout_mistakes_are_one_line(tmp_path: Path, capsys):
+    src, meta = _cp_trace(tmp_path)
+    cases = [
+        (["--dp", "4", "--pp", "2", "--tp", "1"], "rank 15 is outside the world of 8 ranks (dp=4 x tp=1 x pp=2) (context/sequence parallelism? pass --cp"),
+        (["--cp", "1", "--meta", str(meta)], "--cp 1 contradicts cp=2 in job.yaml"),
+        (["--tp", "2", "--meta", str(meta)], "--tp 2 contradicts tp=1 in job.yaml"),
+    ]
+    no_dsp = tmp_path / "nodsp.yaml"
+    no_dsp.write_text("dp_size: 4\npp_size: 2\ntp_size: 1\nworld_size: 16\n")
+    cases.append((["--meta", str(no_dsp)], "dp=4 x tp=1 x pp=2 = 8, world=16 (a job with context/sequence "
+                                           "parallelism, dsp_size in NDTimeline job files? pass --cp 2"))
+    for i, (flags, message) in enumerate(cases):
+        assert main(["import", "ndtimeline", str(src), *flags, "--out", str(tmp_path / f"o{i}")]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+        assert not (tmp_path / f"o{i}").exists()
+    assert main(["import", "kineto", str(src), "--cp", "2", "--out", str(tmp_path / "k")]) == 2
+    assert "--cp and --meta are read by the ndtimeline importer only" in capsys.readouterr().err

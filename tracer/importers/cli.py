@@ -1,7 +1,7 @@
 """`megascope import FORMAT SRC... --out RUN`: a dump from another tool -> a megascope run directory.
 
     megascope import kineto traces/rank*.json.gz --out runs/prof [--dp 4 --tp 2 --pp 2] [--jobs 2]
-    megascope import ndtimeline dump/*.parquet job.yaml --out runs/ndt [--column start_ts=begin]
+    megascope import ndtimeline dump/*.parquet --meta job.yaml --out runs/ndt [--cp 2] [--column start_ts=begin]
     megascope import flight-recorder dumps/nccl_trace_rank_* --out runs/hang [--dp ...]
 
 Exit codes: 0 imported; 2 bad input (one line per problem on stderr, no traceback). When some inputs
@@ -39,17 +39,24 @@ class ImportResult:
 def import_run(fmt: str, sources: list[str | Path], out: str | Path, dp: int | None = None,
                tp: int | None = None, pp: int | None = None, vpp: int | None = None,
                columns: dict[str, str] | None = None, jobs: int = 1,
-               progress: Callable[[str, int, int], None] | None = None) -> ImportResult:
+               progress: Callable[[str, int, int], None] | None = None, cp: int | None = None,
+               meta: str | Path | None = None) -> ImportResult:
     """Import `sources` of format `fmt` into the new run directory `out` (nothing is left there when it
-    fails). Raises ImportInputError."""
+    fails). Raises ImportInputError. `cp` (context parallel size) and `meta` (an NDTimeline job file)
+    are read by the ndtimeline importer."""
     module = FORMATS.get(fmt)
     if module is None:
         raise ImportInputError(f"unknown format '{fmt}'; use one of: kineto, ndtimeline, flight-recorder")
+    if module != "ndtimeline" and ((cp or 1) > 1 or meta):
+        raise ImportInputError(f"--cp and --meta are read by the ndtimeline importer only, not by {fmt}")
+    if meta and not Path(meta).is_file():
+        raise ImportInputError(f"--meta {meta}: no such file; pass the job's NDTimeline job file (YAML)")
     paths = _expand(sources)
     writer = RunWriter(out, "flight-recorder" if module == "flight_recorder" else module, inputs=len(paths),
                        progress=progress)
     try:
-        ranks, failed = _convert(module, paths, writer, dp, tp, pp, vpp, columns or {}, jobs)
+        ranks, failed = _convert(module, paths, writer, dp, tp, pp, vpp, columns or {}, jobs, cp,
+                                 Path(meta) if meta else None)
     except BaseException:  # any failure, Ctrl-C included: no half-written run
         writer.abort()
         raise
@@ -57,7 +64,8 @@ def import_run(fmt: str, sources: list[str | Path], out: str | Path, dp: int | N
 
 
 def _convert(module: str, paths: list[Path], writer: RunWriter, dp: int | None, tp: int | None, pp: int | None,
-             vpp: int | None, columns: dict[str, str], jobs: int) -> tuple[list[int], list[str]]:
+             vpp: int | None, columns: dict[str, str], jobs: int, cp: int | None = None,
+             meta: Path | None = None) -> tuple[list[int], list[str]]:
     """Run the format's importer into `writer` and finish the run; returns the ranks imported and the
     unreadable inputs."""
     failed: list[str] = []
@@ -70,14 +78,14 @@ def _convert(module: str, paths: list[Path], writer: RunWriter, dp: int | None, 
     elif module == "ndtimeline":
         from megascope.tracer.importers.ndtimeline import import_ndtimeline
 
-        layout, ranks = import_ndtimeline(paths, writer, dp, tp, pp, vpp, columns)
+        layout, ranks = import_ndtimeline(paths, writer, dp, tp, pp, vpp, columns, cp=cp, meta=meta)
     else:
         from megascope.tracer.importers.flight_recorder import import_flight_recorder
 
         layout, ranks, failed, extra = import_flight_recorder(paths, writer, dp, tp, pp, vpp)
     if not ranks:
         raise ImportInputError("nothing could be imported: " + "; ".join(writer.warnings or ["no ranks found"]))
-    writer.finish(layout, ranks, {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "columns": columns},
+    writer.finish(layout, ranks, {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "columns": columns},
                   hosts=hosts, extra=extra)
     return ranks, failed
 
@@ -124,13 +132,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     for name in ("dp", "tp", "pp", "vpp"):
         p.add_argument(f"--{name}", type=int, default=None,
                        help=f"{name} size (default: from the dump's process groups / job file)")
+    p.add_argument("--cp", type=int, default=None,
+                   help="ndtimeline: context (sequence) parallel size, NDTimeline's dsp_size (default 1); "
+                        "Megatron rank order tp, cp, dp, pp")
+    p.add_argument("--meta", default=None, metavar="JOB.yaml",
+                   help="ndtimeline: the job file (dp_size, pp_size, tp_size, dsp_size, vpp_size, world_size); "
+                        "flags that contradict it are refused")
     p.add_argument("--column", action="append", default=[], metavar="OURS=THEIRS",
                    help="ndtimeline: read our column OURS from the file's column THEIRS (renamed columns)")
     p.add_argument("--jobs", type=int, default=1, help="kineto: files parsed in parallel (processes)")
 
 
 def run(args: argparse.Namespace) -> int:
-    for name in ("dp", "tp", "pp", "vpp", "jobs"):
+    for name in ("dp", "tp", "pp", "vpp", "cp", "jobs"):
         value = getattr(args, name, None)
         if value is not None and value < 1:
             print(f"megascope import: --{name} must be >= 1, got {value}", file=sys.stderr)
@@ -140,7 +154,7 @@ def run(args: argparse.Namespace) -> int:
     bar = ProgressBar()
     try:
         result = import_run(args.format, args.sources, args.out, args.dp, args.tp, args.pp, args.vpp,
-                            _column_map(args.column), jobs=args.jobs, progress=bar)
+                            _column_map(args.column), jobs=args.jobs, progress=bar, cp=args.cp, meta=args.meta)
     except (ImportInputError, ValueError, OSError) as exc:
         bar.close()
         print(f"megascope import: {exc}", file=sys.stderr)

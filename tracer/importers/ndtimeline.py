@@ -254,18 +254,19 @@ def _layout(con: duckdb.DuckDBPyConnection, source: str, world: int | None, dp: 
 
 def _check_workers(con: duckdb.DuckDBPyConnection, source: str, layout: Layout, writer: RunWriter) -> None:
     """Each rank must sit at its (dp_rank, stage) in Megatron order; missing workers are reported."""
-    rows = con.execute(f"SELECT DISTINCT rank, dp_rank, stage FROM ({source})").fetchall()
+    rows = con.execute(f"SELECT DISTINCT rank, dp_rank, stage FROM ({source}) ORDER BY rank").fetchall()
+    hint = " (context/sequence parallelism? pass --cp or --meta JOB.yaml)" if layout.cp == 1 else ""
+    lowest, highest = int(rows[0][0]), int(rows[-1][0])
+    if lowest < 0 or highest >= layout.world:
+        bad = lowest if lowest < 0 else highest
+        raise ImportInputError(f"rank {bad} is outside the world of {layout.world} ranks "
+                               f"({sizes_text(layout)}){hint if bad >= 0 else ''}; pass the job's sizes")
     for rank, dp_rank, stage in rows:
-        if rank < 0 or rank >= layout.world:
-            hint = (" (context/sequence parallelism? pass --cp or --meta JOB.yaml)"
-                    if layout.cp == 1 and rank >= 0 else "")
-            raise ImportInputError(f"rank {rank} is outside the world of {layout.world} ranks "
-                                   f"({sizes_text(layout)}){hint}; pass the job's sizes")
         pp_c, dp_c, _ = layout.coords(int(rank))
         if (pp_c, dp_c) != (int(stage), int(dp_rank)):
             raise ImportInputError(f"rank {rank} is at dp_rank={dp_rank}, stage={stage} in the trace, but at "
-                                   f"dp={dp_c}, stage={pp_c} in Megatron rank order for {sizes_text(layout)}; "
-                                   "pass the job's real --dp/--tp/--pp/--cp")
+                                   f"dp={dp_c}, stage={pp_c} in Megatron rank order for {sizes_text(layout)}"
+                                   f"{hint}; pass the job's real --dp/--tp/--pp/--cp")
     present = {(int(d), int(s)) for _, d, s in rows}
     missing = [(d, s) for s in range(layout.pp) for d in range(layout.dp) if (d, s) not in present]
     if missing:

@@ -10,9 +10,13 @@ dashboard on the run (the URL is printed; Ctrl-C stops it).
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from megascope.cli import DefaultsHelpFormatter, main as megascope
+from megascope.tracer.run_dir import run_entries
+
+DEFAULT_RUN_DIR = "runs/demo"
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,7 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="End to end on a laptop: train a tiny GPT on 8 CPU ranks (dp=2, tp=2, pp=2) with a "
                     "straggler and a flapping pipeline link injected, analyze the trace, write an HTML "
                     "report and a Perfetto trace, then serve the dashboard on the run.")
-    p.add_argument("--run-dir", default="runs/demo", help="where the run goes (a new or empty directory)")
+    p.add_argument("--run-dir", default=DEFAULT_RUN_DIR,
+                   help="where the run goes: a new or empty directory (the default becomes runs/demo-2, -3, ... "
+                        "when runs/demo holds an earlier run)")
     p.add_argument("--steps", type=int, default=30, help="training steps")
     p.add_argument("--clean", action="store_true", help="no injected fault (the analysis should find nothing)")
     p.add_argument("--no-dashboard", action="store_true", help="stop after the analysis instead of serving "
@@ -30,8 +36,23 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=8050, help="dashboard port on 127.0.0.1")
 
 
+MIN_STEPS = 12
+"""The straggler starts at step 8; a few steps after it make it visible."""
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.steps < MIN_STEPS and not args.clean:
+        print(f"megascope demo: --steps {args.steps} ends before the injected straggler shows (it starts at "
+              f"step 8); pass --steps {MIN_STEPS} or more, or --clean", file=sys.stderr)
+        return 2
     run_dir = Path(args.run_dir)
+    if args.run_dir == DEFAULT_RUN_DIR:  # `make demo` twice: train refuses to mix runs, so take the next free name
+        n = 1
+        while run_entries(run_dir):
+            n += 1
+            run_dir = Path(f"{DEFAULT_RUN_DIR}-{n}")
+        if n > 1:
+            print(f"{DEFAULT_RUN_DIR} holds an earlier run: this one goes to {run_dir}", flush=True)
     train = ["train", "--preset", "tiny", "--dp", "2", "--tp", "2", "--pp", "2", "--steps", str(args.steps),
              "--run-dir", str(run_dir)]
     if not args.clean:

@@ -269,3 +269,41 @@ def test_context_parallel_layout_mistakes_are_one_line(tmp_path: Path, capsys):
         assert not (tmp_path / f"o{i}").exists()
     assert main(["import", "kineto", str(src), "--cp", "2", "--out", str(tmp_path / "k")]) == 2
     assert "--cp and --meta are read by the ndtimeline importer only" in capsys.readouterr().err
+
+
+def test_layout_is_the_trainers_rank_order_without_cp():
+    from megascope.trainer.parallel_dims import ParallelDims
+    from megascope.tracer.importers.layout import Layout
+
+    for dp, tp, pp in ((2, 2, 2), (4, 1, 2), (3, 2, 4)):
+        layout, dims = Layout(dp=dp, tp=tp, pp=pp), ParallelDims(dp=dp, tp=tp, pp=pp)
+        for rank in range(layout.world):
+            c = dims.coords(rank)
+            assert layout.coords(rank) == (c.pp, c.dp, c.tp) and layout.cp_of(rank) == 0
+            for name in ("dp", "tp", "pp"):
+                assert layout.group_of(name, rank) == sorted(dims.peers(name, rank))
+    cp = Layout(dp=32, tp=1, pp=2, cp=2)
+    assert cp.world == 128 and cp.rank_of(pp=1, dp=31, tp=0, cp=1) == 127
+    assert cp.group_name([4, 5]) == "cp" and cp.group_name(list(range(64))) == "dp"
+    assert cp.group_name([0, 2, 4]) == ""
+
+
+def test_context_parallel_topology_view(tmp_path: Path):
+    from megascope.dashboard.rank_groups import rank_label, rank_neighbours
+    from megascope.dashboard.topology_figure import clicked_rank, topology_figure
+
+    src, meta = _cp_trace(tmp_path)
+    import_run("ndtimeline", [src], tmp_path / "run", meta=meta)
+    topo = Run.open(tmp_path / "run").topology
+    fig = topology_figure(topo, {5: 1.0}, "severity")
+    assert list(fig.data[0].x[:4]) == ["dp0·cp0·tp0", "dp0·cp1·tp0", "dp1·cp0·tp0", "dp1·cp1·tp0"]
+    assert fig.data[0].z[0][5] == 1.0   # rank 5 = dp 2, cp 1 on stage 0
+    click = {"points": [{"x": "dp2·cp1·tp0", "y": "stage 1"}]}
+    assert clicked_rank(click, topo) == 13
+    peers = rank_neighbours(topo, 13)
+    assert peers["cp group"] == [12, 13] and peers["dp group"] == list(range(8, 16))
+    assert peers["activations from (previous stage)"] == [5]
+    assert rank_label(topo, 13) == "rank 13 · pp1 dp2 cp1 tp0"
+    # a run without cp keeps its labels
+    plain = topo[topo.cp == 0].drop(columns="cp")
+    assert topology_figure(plain, {}, "x").data[0].x[0] == "dp0·tp0"

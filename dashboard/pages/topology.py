@@ -107,6 +107,8 @@ def rank_details(run: Run, rank: int) -> html.Div:
     row = me.iloc[0]
     position = [("rank", rank), ("pipeline stage (pp)", row["pp"]), ("data-parallel replica (dp)", row["dp"]),
                 ("tensor-parallel rank (tp)", row["tp"]), ("host", row["host"]), ("local rank", row["local_rank"])]
+    if "cp" in topo and topo["cp"].max() > 0:  # context-parallel runs only; others have no cp coordinate
+        position.insert(3, ("context-parallel rank (cp)", row["cp"]))
     flow = [(k, v or "none") for k, v in rank_neighbours(topo, rank).items()]
     flow.append(("gradients", "flow backward: from the next stage to the previous one"))
     return html.Div(id="topology-rank-details", children=[

@@ -70,8 +70,12 @@ def render_text(report: dict) -> str:
     """Findings first (one actionable sentence each), then the MFU summary."""
     lines = []
     r = report["run"]
-    lines.append(f"megascope analysis of {r['path']} ({r['source']}, {r['world']} ranks: dp={r['dp']} tp={r['tp']} "
-                 f"pp={r['pp']} vpp={r['vpp']}, {r['steps']} steps)")
+    sizes = [r.get(k) or 1 for k in ("dp", "tp", "pp")]
+    # context parallelism (imports with cp): the world holds cp x dp x tp x pp ranks
+    cp = (r.get("world") or 0) // (sizes[0] * sizes[1] * sizes[2])
+    cp_text = f" cp={cp}" if cp > 1 else ""
+    lines.append(f"megascope analysis of {r['path']} ({r['source']}, {r['world']} ranks: dp={r['dp']}{cp_text} "
+                 f"tp={r['tp']} pp={r['pp']} vpp={r['vpp']}, {r['steps']} steps)")
     lines.append("")
     if report["findings"]:
         lines.append(f"Findings ({len(report['findings'])}):")

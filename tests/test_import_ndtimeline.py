@@ -218,7 +218,7 @@ def _cp_trace(tmp: Path, slow: list | None = None) -> tuple[Path, Path]:
     return src, meta
 
 
-def test_context_parallel_import_with_meta_and_with_cp(tmp_path: Path):
+def test_context_parallel_import_with_meta_and_with_cp(tmp_path: Path, capsys):
     src, meta = _cp_trace(tmp_path)
     assert main(["import", "ndtimeline", str(src), "--meta", str(meta), "--out", str(tmp_path / "a")]) == 0
     assert main(["import", "ndtimeline", str(src), "--dp", "4", "--pp", "2", "--tp", "1", "--cp", "2",
@@ -229,6 +229,8 @@ def test_context_parallel_import_with_meta_and_with_cp(tmp_path: Path):
     rows = {r["rank"]: (r["pp"], r["dp"], r["cp"], r["tp"]) for r in topo["ranks"]}
     assert rows[5] == (0, 2, 1, 0) and rows[14] == (1, 3, 0, 0) and len(rows) == 16
     assert list(Run.open(tmp_path / "a").topology.cp[:4]) == [0, 1, 0, 1]
+    assert main(["analyze", str(tmp_path / "a"), "--no-what-if"]) == 0
+    assert "16 ranks: dp=4 cp=2 tp=1 pp=2" in capsys.readouterr().out
 
 
 def test_context_parallel_analysis_uses_cp_groups(tmp_path: Path):

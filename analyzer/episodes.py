@@ -1,8 +1,10 @@
-"""Episodes: runs of flagged steps in a per-step series (persistence, onset, on/off patterns)."""
+"""Episodes: runs of flagged steps in a per-step series (persistence, onset, on/off patterns), and
+how likely a stretch of them is by chance."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+from collections.abc import Iterable, Sequence
 
 
 def runs(steps: Iterable[int], max_gap: int = 1) -> list[tuple[int, int, int]]:
@@ -20,3 +22,40 @@ def runs(steps: Iterable[int], max_gap: int = 1) -> list[tuple[int, int, int]]:
 def persistent_runs(steps: Iterable[int], min_len: int, max_gap: int = 1) -> list[tuple[int, int, int]]:
     """Runs holding at least `min_len` flagged steps: a one-off spike is noise, a run is a fault."""
     return [r for r in runs(steps, max_gap) if r[2] >= min_len]
+
+
+def binomial_tail(k: int, n: int, q: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, q): how likely k or more flagged steps out of n are by chance
+    when each step is flagged at the run's own rate q (no distribution assumed for the scores
+    themselves, so heavy-tailed noise is judged by how often it really crosses the threshold)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    q = min(max(q, 1e-12), 1 - 1e-12)
+    logs = [math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1) + j * math.log(q)
+            + (n - j) * math.log1p(-q) for j in range(k, n + 1)]
+    top = max(logs)
+    return min(1.0, math.exp(top) * sum(math.exp(v - top) for v in logs))
+
+
+def cusum_stretches(z: Sequence[float], drift: float, clip: float, h: float) -> list[tuple[int, int]]:
+    """Index ranges [start, end] of upward shifts in a series of z-scores: the one-sided CUSUM
+    S_t = max(0, S_t-1 + min(z_t, clip) - drift) rises above `h`; the stretch starts after S's last
+    zero before that and ends where S peaks (it falls once the shift ends). Each step adds at most
+    clip - drift, so a few outliers cannot raise an alarm on their own."""
+    out: list[tuple[int, int]] = []
+    s, start, peak, peak_at, alarmed = 0.0, 0, 0.0, -1, False
+    for i, value in enumerate(z):
+        s = max(0.0, s + min(float(value), clip) - drift)
+        if s > peak:
+            peak, peak_at = s, i
+        if s >= h:
+            alarmed = True
+        if s == 0.0:
+            if alarmed:
+                out.append((start, peak_at))
+            s, start, peak, peak_at, alarmed = 0.0, i + 1, 0.0, -1, False
+    if alarmed:
+        out.append((start, peak_at))
+    return out

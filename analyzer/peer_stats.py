@@ -47,7 +47,19 @@ def rank_step_scores(store: Store, warmup_factor: float = 2.0) -> pd.DataFrame:
             rs[f"x_{m}"] = np.log(rs[m].clip(lower=1e-9) / rs[f"ref_{m}"].clip(lower=1e-9))
     tp_ref = leave_one_out_median(rs, group_ids(rs, ["step", "pp", "dp"]), "work_s")
     rs["tp_ratio"] = rs.work_s / tp_ref.where(tp_ref > 0)
+    rs["x_replica_work_s"] = replica_score(rs, "x_work_s")
     return rs
+
+
+def replica_score(rs: pd.DataFrame, column: str) -> pd.Series:
+    """Per rank-step: the median over the same data-parallel replica's OTHER stages of their mean score
+    (NaN with one stage). Those ranks compute the same micro-batches: when the replica drew long
+    sequences they are slow at the same steps, while a slow GPU slows only its own stage."""
+    stage = rs.groupby(["step", "dp", "pp"], sort=False)[column].mean().reset_index()
+    stage["other"] = leave_one_out_median(stage, ["step", "dp"], column).to_numpy()
+    key = pd.MultiIndex.from_frame(stage[["step", "dp", "pp"]])
+    lookup = pd.Series(stage["other"].to_numpy(), index=key)
+    return pd.Series(lookup.reindex(pd.MultiIndex.from_frame(rs[["step", "dp", "pp"]])).to_numpy(), index=rs.index)
 
 
 def group_ids(df: pd.DataFrame, keys: list[str]) -> np.ndarray:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from megascope.analyzer.episodes import persistent_runs, runs
+from megascope.analyzer.episodes import binomial_tail, cusum_stretches, persistent_runs, runs
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
 from megascope.analyzer.peer_stats import noise_sigma, rank_step_scores
 from megascope.analyzer.store import Store, load_sql
@@ -54,6 +54,29 @@ class StragglerConfig:
     late_max_period: int = 10
     imbalance_ratio: float = 1.05
     min_lateness_s: float = 1e-4
+    chance_alpha: float = 0.01
+    """A stretch is kept only when as many flagged steps among its steps, at the run's own flag rate,
+    have a chance below this of happening anywhere in the run (x ranks x steps it could start at).
+    Measured (benchmarks/accuracy_independent.py, tuned seeds; analyzer_accuracy.py --suite sim): the
+    false stretches of heavy-tailed noise and 1,200-step clean runs were 2-4 steps long with a chance
+    of 0.8-30 by that count; the true stragglers of both suites < 1e-23."""
+    sustained_z: float = 1.0
+    sustained_share: float = 0.5
+    """A sustained stretch: at least half its steps >= sustained_z sigma (its median is >= 1 sigma)."""
+    sustained_min_steps: int = 20
+    cusum_drift: float = 0.75
+    """Half the smallest shift (1.5 sigma) the sustained test is for; larger ones pass the per-step flags."""
+    cusum_clip: float = 3.0
+    cusum_h: float = 10.0
+    """At least 5 steps at the clip: the CUSUM only proposes stretches, the binomial test decides."""
+    replica_share: float = 0.5
+    """A rank's slowdown is its replica's work when the replica's other stages were at least this share
+    as slow at the same steps. Measured: dp=32 x pp=2 x cp=2 with sequence imbalance that persists over
+    steps (AR(1) rho 0.8-0.97) gave 13-42 false stragglers per run without this test, none with it; a
+    true straggler's replica-mates score ~0 (1F1B waits are outside their compute spans)."""
+    min_null_rate: float = 0.01
+    """Floor of the run's flag rate: quiet simulated runs flag no clean rank-step at all, and a zero
+    rate would make any flagged step infinitely unlikely."""
 
 
 @dataclass
@@ -77,14 +100,23 @@ class StragglerDetector:
         scores = rank_step_scores(store)
         if scores.empty:
             return []
+        self._trials = max(1, scores["rank"].nunique() * scores.step.nunique())
         sigma = noise_sigma(scores, "x_work_s")
         slow = self._slow_compute(store, scores, sigma)
         late = self._late_launch(store, scores, sigma, {f.ranks[0] for f in slow})
-        findings = merge_hosts(slow + late, store.topology)
+        findings = merge_tp_groups(merge_hosts(slow + late, store.topology), scores)
         return findings + self._imbalance(store, scores, sigma)
 
+    def null_rate(self, scores: pd.DataFrame, flag: pd.Series) -> float:
+        """The run's own rate of flagged rank-steps: the median over ranks (the culprits do not move it)."""
+        return max(self.cfg.min_null_rate, float(flag.groupby(scores["rank"]).mean().median()))
+
+    def by_chance(self, k: int, n: int, rate: float) -> bool:
+        """Could k flagged steps among n arise by chance somewhere in this run (cfg.chance_alpha)?"""
+        return binomial_tail(k, n, rate) * getattr(self, "_trials", 1) > self.cfg.chance_alpha
+
     def episode(self, rows: pd.DataFrame, measure: str, sigma: float, max_gap: int, min_count: int,
-                z_flag: float | None = None) -> Episode | None:
+                z_flag: float | None = None, null_rate: float | None = None) -> Episode | None:
         """The persistent stretch where the rank's `measure` (log-ratio score x_<measure>) stands out
         from its peers by >= max(log min_ratio, z_flag sigma) and >= min_excess_frac of the step."""
         cfg = self.cfg
@@ -93,10 +125,11 @@ class StragglerDetector:
         # a rank twice as slow as its peers is flagged however noisy the run (the shift and
         # persistence tests still apply): noise must not hide a gross straggler
         threshold = max(math.log(cfg.min_ratio), min((z_flag or cfg.z_flag) * sigma, math.log(cfg.gross_ratio)))
-        return self.stretch(rows, x, threshold, extra_ok, sigma, max_gap, min_count, periodic=max_gap > 3)
+        return self.stretch(rows, x, threshold, extra_ok, sigma, max_gap, min_count, periodic=max_gap > 3,
+                            null_rate=null_rate)
 
     def stretch(self, rows: pd.DataFrame, score: pd.Series, threshold: float, extra_ok: pd.Series, sigma: float,
-                max_gap: int, min_count: int, periodic: bool = False) -> Episode | None:
+                max_gap: int, min_count: int, periodic: bool = False, null_rate: float | None = None) -> Episode | None:
         """Flagged steps (score >= threshold and extra_ok), persistent runs of them, and the onset."""
         flag = (score >= threshold) & extra_ok
         found = persistent_runs(rows.step[flag], min_count, max_gap=max_gap)
@@ -105,12 +138,14 @@ class StragglerDetector:
         first, last = found[0][0], found[-1][1]
         after_flag = flag if periodic else None  # every K steps: judge the flagged steps only
         onset = self._onset(rows.step, score, flag, first, last, sigma, int(rows.step.max()), after_flag)
-        if onset is None:
-            return None
+        if onset is None or onset > last:
+            return None  # (a periodic onset can fall past the last run: no flagged step would be left)
         flagged = rows[flag & rows.step.between(onset, last)]
         observed = int(rows.step.between(onset, last).sum())
         if not periodic and len(flagged) < self.cfg.min_flagged_share * observed:
             return None  # scattered flags merged across noisy gaps: not a persistent state
+        if null_rate is not None and self.by_chance(len(flagged), observed, null_rate):
+            return None  # as many flags arise by chance somewhere in a run this long or this noisy
         level = float(score[flag & rows.step.between(onset, last)].median())
         return Episode(int(onset), int(last), level, flagged, [r for r in found if r[1] >= onset])
 
@@ -161,29 +196,92 @@ class StragglerDetector:
 
     def _slow_compute(self, store: Store, scores: pd.DataFrame, sigma: float) -> list[Finding]:
         cfg = self.cfg
-        out = []
+        episodes: dict[int, Episode] = {}
         flag = scores.x_work_s >= max(math.log(cfg.min_ratio), min(cfg.z_flag * sigma, math.log(cfg.gross_ratio)))
+        rate = self.null_rate(scores, flag)
         for rank, rows in self._candidates(scores, flag, cfg.persist_steps).groupby("rank"):
-            ep = self.episode(rows, "work_s", sigma, max_gap=cfg.max_gap, min_count=cfg.persist_steps)
-            if ep is None:
+            ep = self.episode(rows, "work_s", sigma, max_gap=cfg.max_gap, min_count=cfg.persist_steps,
+                              null_rate=rate)
+            if ep is not None and self._own_slowdown(ep):
+                episodes[int(rank)] = ep
+        for rank, ep in self._sustained(scores, sigma, set(episodes)).items():
+            if self._own_slowdown(ep):
+                episodes[rank] = ep
+        return [self._straggler(store, rank, ep, sigma) for rank, ep in sorted(episodes.items())]
+
+    def _own_slowdown(self, ep: Episode) -> bool:
+        """The rank's own compute, not a launch delay or its replica's work: its forward is slower too (a
+        slow chip slows every kernel; backward alone is launch delays inside backward hooks), and the
+        same replica's ranks on the other stages were not as slow at the same steps (they compute the
+        same micro-batches: long sequences slow them all, a slow GPU only its own)."""
+        level = ep.level
+        if not float(ep.rows.x_forward_s.median()) >= 0.5 * level:
+            return False
+        replica = float(ep.rows.x_replica_work_s.median()) if "x_replica_work_s" in ep.rows else float("nan")
+        return not replica >= self.cfg.replica_share * level  # NaN (no other stage traced): no veto
+
+    def _sustained(self, scores: pd.DataFrame, sigma: float, skip: set[int]) -> dict[int, Episode]:
+        """Shifts too small for per-step flags under heavy noise but held for long: a one-sided CUSUM of
+        each rank's score (in sigma, clipped) finds the stretch; it counts when most of its steps are
+        >= `sustained_z` sigma, as many such steps are not chance at the run's own rate, and the rank
+        was like its peers before (`z_shift` sigma lower; slow from the first step is the per-step
+        test's). The evidence of the whole stretch adds up: a 1.6x rank under 0.27 sigma noise passes
+        2 sigma on 40% of its steps, but 1 sigma on 77% of 1,000 steps."""
+        cfg = self.cfg
+        grid = scores.pivot_table(index="rank", columns="step", values="x_work_s")
+        z = (grid / sigma).to_numpy()
+        cusum = np.zeros(len(z))
+        peak = np.zeros(len(z))
+        for col in np.nan_to_num(np.minimum(z, cfg.cusum_clip), nan=0.0).T:  # all ranks at once
+            cusum = np.maximum(0.0, cusum + col - cfg.cusum_drift)
+            peak = np.maximum(peak, cusum)
+        flag = scores.x_work_s >= cfg.sustained_z * sigma
+        rate = self.null_rate(scores, flag)
+        out = {}
+        for rank in grid.index[peak >= cfg.cusum_h]:
+            if int(rank) in skip:
                 continue
-            fwd = float(ep.rows.x_forward_s.median())
-            if not fwd >= 0.5 * ep.level:  # backward alone: launch delays inside backward hooks
-                continue
-            ratio = math.exp(ep.level)
-            host = hosts_of(store.topology, [int(rank)])
-            out.append(Finding(
-                kind="straggler", ranks=[int(rank)], hosts=host, steps=(ep.first, ep.last), severity=ratio,
-                summary=(f"Rank {rank} on {host[0] if host else '?'} computes {100 * (ratio - 1):.0f}% slower than "
-                         f"the ranks of its pipeline stage since step {ep.first}; check that GPU (clocks, "
-                         f"thermals, ECC) or drain the host."),
-                evidence={"cause": "slow_compute", "stage": int(rows.pp.iloc[0]),
-                          "compute_ratio_vs_stage": round(ratio, 4),
-                          "forward_ratio_vs_stage": round(math.exp(fwd), 4),
-                          "compute_ratio_vs_tp_group": _round(ep.rows.tp_ratio.median()),
-                          "robust_z": round(ep.level / sigma, 2), "noise_sigma": round(sigma, 4),
-                          "flagged_steps": int(len(ep.rows)), "episodes": [list(r[:2]) for r in ep.runs]}))
+            rows = scores[scores["rank"] == rank].sort_values("step").reset_index(drop=True)
+            series = (rows.x_work_s / sigma).fillna(0.0).to_numpy()
+            for a, b in cusum_stretches(series, cfg.cusum_drift, cfg.cusum_clip, cfg.cusum_h):
+                ep = self._sustained_episode(rows, a, b, sigma, rate)
+                if ep is not None:
+                    out[int(rank)] = ep
+                    break
         return out
+
+    def _sustained_episode(self, rows: pd.DataFrame, a: int, b: int, sigma: float, rate: float) -> Episode | None:
+        cfg = self.cfg
+        sel, before = rows.iloc[a:b + 1], rows.iloc[:a]
+        high = sel.x_work_s >= cfg.sustained_z * sigma
+        n, k = len(sel), int(high.sum())
+        if n < cfg.sustained_min_steps or len(before) < cfg.sustained_min_steps or k < cfg.sustained_share * n:
+            return None
+        level = float(sel.x_work_s.median())
+        if level < math.log(cfg.min_ratio) or level - float(before.x_work_s.median()) < cfg.z_shift * sigma:
+            return None
+        if float((sel.work_s - sel.ref_work_s).median()) < cfg.min_excess_frac * float(sel.step_time_s.median()):
+            return None
+        if self.by_chance(k, n, rate):
+            return None
+        first, last = int(sel.step.iloc[0]), int(sel.step.iloc[-1])
+        return Episode(first, last, level, sel, [(first, last, k)])
+
+    def _straggler(self, store: Store, rank: int, ep: Episode, sigma: float) -> Finding:
+        ratio = math.exp(ep.level)
+        fwd = float(ep.rows.x_forward_s.median())
+        host = hosts_of(store.topology, [rank])
+        return Finding(
+            kind="straggler", ranks=[rank], hosts=host, steps=(ep.first, ep.last), severity=ratio,
+            summary=(f"Rank {rank} on {host[0] if host else '?'} computes {100 * (ratio - 1):.0f}% slower than "
+                     f"the ranks of its pipeline stage since step {ep.first}; check that GPU (clocks, "
+                     f"thermals, ECC) or drain the host."),
+            evidence={"cause": "slow_compute", "stage": int(ep.rows.pp.iloc[0]),
+                      "compute_ratio_vs_stage": round(ratio, 4),
+                      "forward_ratio_vs_stage": round(math.exp(fwd), 4),
+                      "compute_ratio_vs_tp_group": _round(ep.rows.tp_ratio.median()),
+                      "robust_z": round(ep.level / sigma, 2), "noise_sigma": round(sigma, 4),
+                      "flagged_steps": int(len(ep.rows)), "episodes": [list(r[:2]) for r in ep.runs]})
 
     def _late_launch(self, store: Store, scores: pd.DataFrame, sigma: float, stragglers: set[int]) -> list[Finding]:
         cfg = self.cfg
@@ -272,6 +370,35 @@ def stage_balance(scores: pd.DataFrame) -> pd.DataFrame:
 
 def _round(value: float, digits: int = 4) -> float | None:
     return round(float(value), digits) if value == value else None
+
+
+def merge_tp_groups(findings: list[Finding], scores: pd.DataFrame) -> list[Finding]:
+    """When every traced rank of a (stage, replica)'s tensor/context-parallel group is a straggler, one
+    finding on the group: they wait for their slowest member inside their tp/cp collectives, and a trace
+    that does not time those collectives (NDTimeline's compute ops span them) cannot say which GPU it is."""
+    groups = scores.groupby(["pp", "dp"])["rank"].unique()
+    single = {f.ranks[0]: f for f in findings if len(f.ranks) == 1}
+    used: set[int] = set()
+    merged = []
+    for (stage, replica), ranks in groups.items():
+        ranks = sorted(int(r) for r in ranks)
+        if len(ranks) < 2 or not set(ranks) <= single.keys():
+            continue
+        parts = [single[r] for r in ranks]
+        worst = max(parts, key=lambda f: f.severity)
+        first = min(p.steps[0] for p in parts)
+        merged.append(Finding(
+            kind="straggler", ranks=ranks, hosts=list(dict.fromkeys(h for p in parts for h in p.hosts)),
+            steps=(first, max(p.steps[1] for p in parts)), severity=worst.severity,
+            summary=(f"The tensor/context-parallel group of ranks {rank_list(ranks)} "
+                     f"(stage {stage}, replica {replica}) "
+                     f"computes {100 * (worst.severity - 1):.0f}% slower than the other replicas of its stage since "
+                     f"step {first}; one of its GPUs is slow and the others wait for it inside their tp/cp "
+                     f"collectives, which this trace does not time: check each GPU's clocks, thermals and ECC."),
+            evidence={**worst.evidence, "tp_group": ranks, "per_rank": {str(p.ranks[0]): round(p.severity, 4)
+                                                                        for p in parts}}))
+        used |= set(ranks)
+    return [f for f in findings if not (len(f.ranks) == 1 and f.ranks[0] in used)] + merged
 
 
 def merge_hosts(findings: list[Finding], topology: pd.DataFrame) -> list[Finding]:

@@ -24,6 +24,7 @@ whole (dp, stage) workers left out.
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -45,6 +46,11 @@ class Noise:
     gc_s: float = 0.0
     seq_sigma: float = 0.0
     """Log-normal work factor per (replica, step, micro-batch): sequence-length imbalance."""
+    seq_kind: str = "lognormal"
+    """lognormal | student_t (heavy-tailed on the log scale, `dof`: a few very long documents)."""
+    seq_rho: float = 0.0
+    """Step-to-step correlation of that factor (AR(1)): a replica draws long sequences for a while
+    (length-bucketed loaders), which step-to-step noise estimates underrate."""
     p2p_sigma: float = 0.0
     """Log-normal jitter of each p2p transfer's time."""
 
@@ -135,7 +141,15 @@ def _draw(spec: GenSpec) -> _Draws:
     fwd = _piece_noise(rng, n, (S, D, P, G, M, K))
     bwd = _piece_noise(rng, n, (S, D, P, G, M, K))
     step = np.exp(rng.normal(0.0, n.step_sigma, (S, D, P, G)))
-    seq = np.exp(rng.normal(0.0, n.seq_sigma, (S, D, M)))
+    if n.seq_kind == "student_t":
+        seq_log = n.seq_sigma * np.clip(rng.standard_t(n.dof, (S, D, M)), -10.0, 10.0)
+    elif n.seq_kind == "lognormal":
+        seq_log = rng.normal(0.0, n.seq_sigma, (S, D, M))
+    else:
+        raise ValueError(f"unknown seq_kind {n.seq_kind!r}; use lognormal or student_t")
+    for k in range(1, S if n.seq_rho else 0):  # AR(1) over steps, same stationary sigma
+        seq_log[k] = n.seq_rho * seq_log[k - 1] + math.sqrt(1 - n.seq_rho ** 2) * seq_log[k]
+    seq = np.exp(seq_log)
     gc_hit = rng.random((S, D, P, G)) < n.gc_prob
     gc = np.where(gc_hit, rng.exponential(max(n.gc_s, 1e-12), (S, D, P, G)), 0.0)
     gc_mb = rng.integers(0, M, (S, D, P, G))

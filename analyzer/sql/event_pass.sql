@@ -85,9 +85,13 @@ WITH _raw AS MATERIALIZED (
         -- a nested wait counts the time no earlier communication span covered (async ops without a
         -- wait row overlap each other and the waits): the union, not the sum
         CASE WHEN comm_end > start_ns THEN greatest(end_ns - comm_end, 0) ELSE end_ns - start_ns END AS wait_ns,
+        -- the previous event completed when it ended by this start, or at most 1 us after it:
+        -- float-second timestamps (NDTimeline: epoch seconds in float64, 0.24 us apart at 1.7e9 s) put an
+        -- end a hair past the next start, and a blocked send was then taken for one still in flight and
+        -- its whole wait for a host gap (late launches blamed on a straggler's pipeline neighbours)
         CASE WHEN busy_end > start_ns OR prev_start IS NULL THEN 0
              ELSE greatest(start_ns - greatest(coalesce(busy_end, 0), prev_start,
-                                               CASE WHEN prev_end <= start_ns THEN prev_end ELSE 0 END,
+                                               CASE WHEN prev_end <= start_ns + 1000 THEN prev_end ELSE 0 END,
                                                least(coalesce(coll_end, 0), start_ns)), 0)
         END AS gap_ns,
         {instance} AS instance

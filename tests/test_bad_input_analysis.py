@@ -98,9 +98,12 @@ def damage(segment: Path, how: str) -> None:
 def test_rank0_first_segment_damaged_is_dropped_with_a_warning(clean, tmp_path, table, how):
     """The views bind their columns from the first file: rank 0's first segment used to fail the view."""
     run = copy(clean, tmp_path)
-    damage(run / table / "rank=00000" / "seg-000000.parquet", how)
+    victim = run / table / "rank=00000" / "seg-000000.parquet"
+    damage(victim, how)
+    kept = victim.read_bytes()
     proc = megascope("analyze", run, "--json")
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert victim.read_bytes() == kept  # skipped, never "repaired" or deleted
     report = json.loads(proc.stdout)
     assert [w for w in report["warnings"] if f"skipped damaged segment {table}/rank=00000/seg-000000.parquet" in w]
     assert report["findings"] == []  # a clean run stays clean: rank 0's missing steps are no slowdown
@@ -149,10 +152,13 @@ def test_lost_steps_segment_leaves_its_own_steps_out(straggler, tmp_path):
 # ---- analyze options -----------------------------------------------------------------------------
 @pytest.mark.parametrize("value, needle", [("-1", "must be >= 1, got -1"), ("0", "must be >= 1, got 0"),
                                            ("x", "'x' is not an integer")])
-def test_threads_must_be_positive(clean, value, needle):
-    proc = megascope("analyze", clean, "--threads", value)
+def test_threads_must_be_positive(clean, tmp_path, value, needle):
+    run = copy(clean, tmp_path)
+    before = files_of(run)
+    proc = megascope("analyze", run, "--threads", value)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert f"argument --threads: {needle}" in proc.stderr.strip().splitlines()[-1]
+    assert files_of(run) == before  # refused before the run was opened
 
 
 def test_text_report_slowest_step_skips_warm_up(clean, tmp_path):

@@ -29,12 +29,15 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-
 from megascope.analyzer.episodes import runs
 from megascope.analyzer.event_pass import has_wait_spans
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
 from megascope.analyzer.layout import group_members as layout_members
-from megascope.analyzer.peer_stats import leave_one_out_median, noise_sigma, warmup_steps
+from megascope.analyzer.peer_stats import (
+    leave_one_out_median,
+    noise_sigma,
+    warmup_steps,
+)
 from megascope.analyzer.store import Store, load_sql
 
 

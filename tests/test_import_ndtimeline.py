@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
 from megascope.analyzer import Run
-from megascope.cli import main
 from megascope.tracer.importers.cli import import_run
 from megascope.tracer.importers.writer import ImportInputError
+
+from megascope.cli import main
 
 DP, TP, PP, STEPS, MICRO = 4, 2, 4, 10, 4
 T0 = 1_700_000_000.0
@@ -262,8 +262,9 @@ def test_context_parallel_layout_mistakes_are_one_line(tmp_path: Path, capsys):
     ]
     no_dsp = tmp_path / "nodsp.yaml"
     no_dsp.write_text("dp_size: 4\npp_size: 2\ntp_size: 1\nworld_size: 16\n")
-    cases.append((["--meta", str(no_dsp)], "dp=4 x tp=1 x pp=2 = 8, world=16 (a job with context/sequence "
-                                           "parallelism, dsp_size in NDTimeline job files? pass --cp 2"))
+    expected = ("dp=4 x tp=1 x pp=2 = 8, world=16 (a job with context/sequence parallelism, dsp_size in "
+                "NDTimeline job files? pass --cp 2")
+    cases.append((["--meta", str(no_dsp)], expected))
     for i, (flags, message) in enumerate(cases):
         assert main(["import", "ndtimeline", str(src), *flags, "--out", str(tmp_path / f"o{i}")]) == 2
         err = capsys.readouterr().err
@@ -274,8 +275,8 @@ def test_context_parallel_layout_mistakes_are_one_line(tmp_path: Path, capsys):
 
 
 def test_layout_is_the_trainers_rank_order_without_cp():
-    from megascope.trainer.parallel_dims import ParallelDims
     from megascope.tracer.importers.layout import Layout
+    from megascope.trainer.parallel_dims import ParallelDims
 
     for dp, tp, pp in ((2, 2, 2), (4, 1, 2), (3, 2, 4)):
         layout, dims = Layout(dp=dp, tp=tp, pp=pp), ParallelDims(dp=dp, tp=tp, pp=pp)

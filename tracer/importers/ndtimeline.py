@@ -24,7 +24,6 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
 from megascope.tracer.importers.layout import Layout, sizes_text
 from megascope.tracer.importers.writer import ImportInputError, RunWriter
 

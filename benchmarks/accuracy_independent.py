@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megascope.analyzer import Run  # noqa: E402
-from tests.independent_gen import GenSpec, Noise, SlowRank, import_run  # noqa: E402
+from tests.independent_gen import GenSpec, HostPause, Noise, SlowRank, import_run  # noqa: E402
 
 TUNED = [0, 1]
 HELD_OUT = [1000, 1001, 1002]
@@ -103,6 +103,17 @@ def cases(seed: int) -> dict[str, tuple[GenSpec, list[Expect]]]:
                         SlowRank(dp=2, stage=3, fwd=1.2, bwd=1.2, first=40)])
     out["two_faults_partial"] = (s, [Expect("straggler", frozenset({s.rank(1, 1)}), 20),
                                      Expect("straggler", frozenset({s.rank(2, 3)}), 40)])
+    # a rank whose host stalls 10-30 ms before a forward on every step from step 20 (untraced time)
+    s = GenSpec(dp=4, tp=1, pp=4, steps=60, micro=8, seed=seed,
+                noise=Noise(sigma=0.03, gc_prob=0.05, gc_s=0.003),
+                faults=[HostPause(dp=2, stage=1, prob=1.0, pause_s=0.02, first=20)])
+    out["late_launch_untraced"] = (s, [Expect("late_launch", frozenset({s.rank(2, 1)}), 20)])
+    # the same pauses recorded as NDTimeline `gc` rows (host spans): a known miss, rank_step's own
+    # time counts host gaps but not recorded host spans (docs/analyzer.md)
+    s = GenSpec(dp=4, tp=1, pp=4, steps=60, micro=8, seed=seed,
+                noise=Noise(sigma=0.03, gc_prob=0.05, gc_s=0.003),
+                faults=[HostPause(dp=2, stage=1, prob=1.0, pause_s=0.02, first=20, recorded=True)])
+    out["late_launch_recorded_gc"] = (s, [Expect("late_launch", frozenset({s.rank(2, 1)}), 20)])
     # a partition imbalance: all ranks of stage 2 do 30% more work
     s = GenSpec(dp=4, tp=1, pp=4, steps=60, micro=8, seed=seed, stage_work=(1.0, 1.0, 1.3, 1.0),
                 noise=Noise(sigma=0.03, gc_prob=0.05, gc_s=0.003))

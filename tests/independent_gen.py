@@ -17,7 +17,7 @@ per compute piece log-normal, Student-t (on the log scale) or Pareto (multiplica
 a per (rank, step) factor (host contention); GC pauses on any rank (a `gc` row before a forward, the
 group waits); a per (replica, step, micro-batch) workload factor (sequence lengths), shared by every
 rank of the replica; p2p jitter. Faults: slow ranks (forward/backward factors over a step range,
-from step 0 on if wanted), several at once. Partial traces: only tp rank 0 of each tp group, and
+from step 0 on if wanted) and host pauses (late launches, recorded as `gc` rows or untraced), several at once. Partial traces: only tp rank 0 of each tp group, and
 whole (dp, stage) workers left out.
 """
 
@@ -69,6 +69,22 @@ class SlowRank:
 
 
 @dataclass
+class HostPause:
+    """A rank whose host stalls before a forward (GC storms, CPU contention: a late launch) with
+    probability `prob` per step, for `pause_s` x Uniform(0.5, 1.5); `recorded`: as an NDTimeline `gc` row,
+    else untraced (a gap between ops)."""
+    dp: int
+    stage: int
+    tp: int = 0
+    cp: int = 0
+    prob: float = 0.5
+    pause_s: float = 0.02
+    first: int = 0
+    last: int | None = None
+    recorded: bool = False
+
+
+@dataclass
 class GenSpec:
     dp: int = 2
     tp: int = 1
@@ -88,7 +104,7 @@ class GenSpec:
     optimizer_s: float = 1e-3
     step_gap_s: float = 1e-3
     noise: Noise = field(default_factory=Noise)
-    faults: list[SlowRank] = field(default_factory=list)
+    faults: list[SlowRank | HostPause] = field(default_factory=list)
     seed: int = 0
     traced: str = "all"
     """all | tp0 (one worker per tensor-parallel group: tp rank 0)."""
@@ -120,6 +136,9 @@ class _Draws:
     gc_mb: np.ndarray  # (S, D, P, G) the forward it precedes
     p2p: np.ndarray   # (S, D, P, M, 2) transfer factors (boundary below stage p, F/B)
     opt: np.ndarray   # (S, D, P, G)
+    pause: np.ndarray = None      # (S, D, P, G) host pauses of HostPause faults (drawn from their own streams)
+    pause_mb: np.ndarray = None
+    pause_recorded: np.ndarray = None
 
 
 def _piece_noise(rng: np.random.Generator, n: Noise, shape: tuple[int, ...]) -> np.ndarray:
@@ -155,7 +174,25 @@ def _draw(spec: GenSpec) -> _Draws:
     gc_mb = rng.integers(0, M, (S, D, P, G))
     p2p = np.exp(rng.normal(0.0, n.p2p_sigma, (S, D, P, M, 2)))
     opt = np.exp(rng.normal(0.0, 0.01, (S, D, P, G)))
-    return _Draws(fwd, bwd, step, seq, gc, gc_mb, p2p, opt)
+    draws = _Draws(fwd, bwd, step, seq, gc, gc_mb, p2p, opt)
+    _host_pauses(spec, draws)
+    return draws
+
+
+def _host_pauses(spec: GenSpec, d: _Draws) -> None:
+    """HostPause faults draw from their own random streams: the base draws stay those of the fault-free twin."""
+    shape = d.gc.shape
+    d.pause, d.pause_mb, d.pause_recorded = np.zeros(shape), np.zeros(shape, int), np.zeros(shape, bool)
+    for i, f in enumerate(spec.faults):
+        if not isinstance(f, HostPause):
+            continue
+        rng = np.random.default_rng([spec.seed, i + 1])
+        g, steps = f.cp * spec.tp + f.tp, slice(f.first, None if f.last is None else f.last + 1)
+        n = len(range(spec.steps)[steps])
+        hit = rng.random(n) < f.prob
+        d.pause[steps, f.dp, f.stage, g] += np.where(hit, f.pause_s * rng.uniform(0.5, 1.5, n), 0.0)
+        d.pause_mb[steps, f.dp, f.stage, g] = rng.integers(0, spec.micro, n)
+        d.pause_recorded[steps, f.dp, f.stage, g] = f.recorded
 
 
 def _compute_times(spec: GenSpec, d: _Draws) -> tuple[np.ndarray, np.ndarray]:
@@ -165,6 +202,8 @@ def _compute_times(spec: GenSpec, d: _Draws) -> tuple[np.ndarray, np.ndarray]:
     fwd = spec.fwd_s * base * d.fwd
     bwd = spec.fwd_s * spec.bwd_ratio * base * d.bwd
     for f in spec.faults:
+        if not isinstance(f, SlowRank):
+            continue
         g = f.cp * spec.tp + f.tp
         steps = slice(f.first, None if f.last is None else f.last + 1)
         fwd[steps, f.dp, f.stage, g] *= f.fwd
@@ -255,9 +294,11 @@ def _compute(spec: GenSpec, s: int, kind: str, mb: int, free: list[np.ndarray], 
     start = np.repeat(free[s][:, :, None], c.shape[2], axis=2)  # (S, D, G)
     if kind == "F":
         pause = np.where(d.gc_mb[:, :, s, :] == mb, d.gc[:, :, s, :], 0.0)
+        host = np.where(d.pause_mb[:, :, s, :] == mb, d.pause[:, :, s, :], 0.0)
+        pause = pause + np.where(d.pause_recorded[:, :, s, :], host, 0.0)
         if pause.any():
             out.append(_Op(s, "gc", -1, start.copy(), start + pause))
-        start = start + pause
+        start = start + pause + np.where(d.pause_recorded[:, :, s, :], 0.0, host)  # untraced: a gap
     end = (start + c[..., 0]).max(axis=2)
     end = end + c[..., 1:].max(axis=2).sum(axis=-1)
     free[s] = end

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from megascope import __version__
@@ -59,7 +60,16 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "command", None):
         parser.print_help()
         return 2
-    return int(importlib.import_module(SUBCOMMANDS[args.command][0]).run(args) or 0)
+    try:
+        return int(importlib.import_module(SUBCOMMANDS[args.command][0]).run(args) or 0)
+    except BrokenPipeError:
+        # the reader went away (`megascope analyze RUN | head`): stop quietly, and point stdout at
+        # /dev/null so the interpreter's last flush does not raise again (Python's documented recipe)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except KeyboardInterrupt:
+        print(f"megascope {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

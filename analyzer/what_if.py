@@ -25,7 +25,7 @@ from megascope.analyzer.event_pass import has_wait_spans
 from megascope.analyzer.span_split import split_compute
 from megascope.analyzer.step_graph import (GraphCycleError, StepGraph, events_window, graph_from_events,
                                            topological_levels)
-from megascope.analyzer.store import Store
+from megascope.analyzer.store import Store, load_sql
 
 FULL_REPLAY_MAX_RANKS = 512
 
@@ -87,7 +87,8 @@ def _inputs(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return duration, gap, xfer
 
 
-def _apply_fix(f: Finding, g: StepGraph, topo: pd.DataFrame, duration, gap, xfer) -> None:
+def _apply_fix(f: Finding, g: StepGraph, topo: pd.DataFrame, duration, gap, xfer,
+               known: dict[str, float] | None = None) -> None:
     ev = g.events.join(topo.set_index("rank")[["pp", "dp", "tp"]], on="rank")
     culprit = ev["rank"].isin(f.ranks).to_numpy()
     outer = ~ev.internal.to_numpy(dtype=bool)  # gaps inside split spans are 0 by construction: not typical ones
@@ -99,10 +100,13 @@ def _apply_fix(f: Finding, g: StepGraph, topo: pd.DataFrame, duration, gap, xfer
             peers, stage = ~mine, spans.pp.to_numpy()
         else:
             peers, stage = (spans.pp != f.evidence.get("stage")).to_numpy(), np.zeros(len(spans), dtype=int)
-        med = spans.net[peers].groupby([stage[peers], spans.name.to_numpy()[peers]]).median()
-        target = spans.net.to_numpy().copy()
-        for i in np.flatnonzero(mine):
-            target[i] = min(target[i], med.get((stage[i], spans.name.iat[i]), target[i]))
+        names, net = spans.name.to_numpy(), spans.net.to_numpy()
+        med = spans.net[peers].groupby([stage[peers], names[peers]]).median()
+        ref = med.reindex(pd.MultiIndex.from_arrays([stage, names])).to_numpy()
+        if f.kind == "straggler":
+            target = _unslowed(spans, mine, ref, f.steps, known or {})
+        else:
+            target = np.where(mine & (ref == ref), np.minimum(net, ref), net)
         _set_net(duration, ev, spans, target)
     elif f.kind == "workload_imbalance":  # balanced batches: every dp replica does the mean work
         spans = net_compute(ev, duration)
@@ -147,12 +151,42 @@ def _cut_gaps(g: StepGraph, gap: np.ndarray, ops: np.ndarray, typical: float) ->
             j += 1
 
 
+def slowdown(store: Store, f: Finding) -> dict[str, float]:
+    """The straggler's slowdown per op name ("forward", "backward") over the finding's steps, from
+    rank_step (what_if_slowdown.sql); empty where rank_step is not built or the stage has no peers
+    in other replicas."""
+    built = store.query("SELECT count(*) AS n FROM information_schema.tables WHERE table_name = 'rank_step'")
+    if not int(built.n.iat[0]):
+        return {}
+    row = store.query(load_sql("what_if_slowdown"), {"ranks": [int(r) for r in f.ranks],
+                                                     "first": int(f.steps[0]), "last": int(f.steps[1])})
+    return {k: float(row[k].iat[0]) for k in ("forward", "backward") if len(row) and row[k].iat[0] == row[k].iat[0]}
+
+
+def _unslowed(spans: pd.DataFrame, mine: np.ndarray, ref: np.ndarray, steps: tuple[int, int],
+              known: dict[str, float]) -> np.ndarray:
+    """Net compute of every span with the straggler's spans divided by its slowdown (at least 1):
+    `known` per op name (the whole finding, slowdown()), else the median over its spans in the
+    replayed steps of net / the stage peers' median (`ref`). Each span keeps its own work: setting
+    each to the peers' median gave the culprit the typical work of a step whose replica drew long
+    sequences (-2.3% against the twin with 10% sequence-length noise per micro-batch); a slowdown
+    judged on two steps only carries that step's draws (-2.1%: 1.6x for 1.4x)."""
+    net = spans.net.to_numpy()
+    ratio = pd.Series(net / ref, index=spans.index)
+    during = spans.step.between(*steps).to_numpy()
+    use = mine & during & np.isfinite(ratio.to_numpy())
+    factor = ratio[use].groupby(spans.name[use]).median()
+    factor = pd.Series({**factor.to_dict(), **known}, dtype=float).clip(lower=1.0)
+    slow = spans.name.map(factor).fillna(1.0).to_numpy()
+    return np.where(mine, net / slow, net)
+
+
 def net_compute(ev: pd.DataFrame, duration: np.ndarray) -> pd.DataFrame:
     """One row per compute span of a split frame (split_compute, with topology pp/tp, and dp where
-    joined): span, rank, pp, tp, (dp,) chunk, microbatch, name; net, its pieces' durations summed: the
+    joined): span, rank, step, pp, tp, (dp,) chunk, microbatch, name; net, its pieces' durations summed: the
     span's own work without the time it sat in nested synchronous communication; pieces; end (ns)."""
     comp = (ev.kind == "compute").to_numpy()
-    cols = ["span", "rank", "pp", "tp"] + (["dp"] if "dp" in ev else []) + ["chunk", "microbatch", "name"]
+    cols = ["span", "rank", "step", "pp", "tp"] + (["dp"] if "dp" in ev else []) + ["chunk", "microbatch", "name"]
     rows = ev.loc[comp, cols].assign(net=duration[comp], end=ev.end_ns.to_numpy()[comp])
     first = rows.drop_duplicates("span").drop(columns=["net", "end"]).set_index("span")
     agg = rows.groupby("span").agg(net=("net", "sum"), pieces=("net", "size"), end=("end", "max"))
@@ -204,7 +238,7 @@ def replay_ranks(store: Store, f: Finding) -> list[int] | None:
 
 
 def _replay_step(store: Store, f: Finding, step: int, ranks: list[int] | None, cpu_trace: bool, dp: int,
-                 tp: int) -> tuple[int, float, float, float] | str | None:
+                 tp: int, known: dict[str, float] | None = None) -> tuple[int, float, float, float] | str | None:
     """(step, observed, replayed, what-if) step times in seconds, a reason the what-if cannot be
     run (a cycle), or None without events. The step time is the time from the end of the step
     before (its last rank's) to the end of this one, what throughput sees. Without a barrier
@@ -233,7 +267,7 @@ def _replay_step(store: Store, f: Finding, step: int, ranks: list[int] | None, c
     duration, gap, xfer = _inputs(g)
     base = replay(g, duration, gap, xfer, levels)
     before = (duration.copy(), gap.copy(), xfer.copy())
-    _apply_fix(f, g, store.topology, duration, gap, xfer)
+    _apply_fix(f, g, store.topology, duration, gap, xfer, known)
     outside = (on < f.steps[0]) | (on > f.steps[1])  # the step before may precede the fault
     for fixed, kept in zip((duration, gap, xfer), before):
         fixed[outside] = kept[outside]
@@ -267,9 +301,10 @@ def what_if(store: Store, f: Finding, max_steps: int | None = None) -> dict:
     ranks = replay_ranks(store, f)
     cpu_trace = has_wait_spans(store)
     dp, tp = (int(store.manifest["topology"][k]) for k in ("dp", "tp"))
+    known = slowdown(store, f) if f.kind == "straggler" else {}
     rows = []
     for step in sample:
-        row = _replay_step(store, f, int(step), ranks, cpu_trace, dp, tp)
+        row = _replay_step(store, f, int(step), ranks, cpu_trace, dp, tp, known)
         if isinstance(row, str):
             return {"applicable": False, "reason": row}
         if row is not None:

@@ -10,7 +10,7 @@ Traces from three sources:
 - gen-*: the independent generator (tests/independent_gen.py, not the project's timing model:
   rendezvous p2p, tp groups that wait for their slowest inside each op, heavy-tailed noise, GC
   pauses, partial traces), imported through `megascope import ndtimeline`; the twin is the same
-  spec with its faults removed (every draw shared);
+  spec without the judged fault (every draw shared; another fault stays);
 - train-* (with --train): real `megascope train --preset tiny` runs on this machine with and
   without `--inject straggler:...`, same seed. Real noise is not shared between the twins (+-10% per
   step on a loaded 2-core box), so those rows compare medians over the finding's steps: estimated =
@@ -21,7 +21,8 @@ one, what throughput sees (pipeline stages overlap consecutive steps, so a step'
 first rank's start is longer). For sim-* and gen-* the comparison is on the steps the what-if
 sampled: estimated = what_if_step_time_s (their mean observed step time minus the saving), true =
 the twin's mean step time on the same steps. error = estimated / true - 1.
-The finding judged is the one of the injected kind whose ranks hold the faulty rank.
+The finding judged is the one of the injected kind whose ranks hold the faulty rank (for generated
+traces, any rank of its tp group: their spans end together, the trace cannot tell them apart).
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ class Case:
     """tmp dir -> (faulty run, fault-free twin)."""
     kind: str
     rank: int
-    """The finding judged: this kind, holding this rank."""
+    """The finding judged: this kind, holding this rank (or one of `also`)."""
     what: str
     medians: bool = False
+    also: tuple[int, ...] = ()
+    """Ranks the trace cannot tell from `rank`: a generated tp group's spans all end together."""
 
 
 def _sim(name: str, kind: str, rank: int, inject: list[str], what: str, **layout) -> Case:
@@ -65,13 +68,16 @@ def _sim(name: str, kind: str, rank: int, inject: list[str], what: str, **layout
 
 
 def _gen(name: str, kind: str, spec_fn: Callable[[], object], what: str) -> Case:
+    """The first fault is judged; the twin is the spec without it (any other fault stays)."""
     def make(tmp: Path) -> tuple[Path, Path]:
+        from dataclasses import replace
         from tests.independent_gen import import_run
         spec = spec_fn()
-        return import_run(spec, tmp / "faulty"), import_run(spec.fault_free(), tmp / "twin")
+        return import_run(spec, tmp / "faulty"), import_run(replace(spec, faults=spec.faults[1:]), tmp / "twin")
     spec = spec_fn()
     f = spec.faults[0]
-    return Case(name, make, kind, spec.rank(f.dp, f.stage, f.tp, f.cp), what)
+    group = tuple(spec.rank(f.dp, f.stage, t, c) for t in range(spec.tp) for c in range(spec.cp))
+    return Case(name, make, kind, spec.rank(f.dp, f.stage, f.tp, f.cp), what, also=group)
 
 
 def _gen_spec(**kw):
@@ -125,6 +131,18 @@ CASES = [
         noise=dict(kind="pareto", sigma=0.02, step_sigma=0.02),
         faults=[dict(dp=1, stage=1, fwd=1.5, bwd=1.5, first=0)]),
         "dp4 tp2 pp2, tp0 traced, worker (3, 1) missing, Pareto noise, 1.5x from step 0"),
+    _gen("gen-two-faults", "straggler", lambda: _gen_spec(
+        dp=4, tp=1, pp=4, steps=30, micro=8, seed=6,
+        faults=[dict(dp=1, stage=1, fwd=1.3, bwd=1.3, first=5), dict(dp=3, stage=2, fwd=1.5, bwd=1.5, first=12)]),
+        "dp4 pp4, 1.3x (judged) from step 5 and another rank 1.5x from step 12; twin keeps the second"),
+    _gen("gen-seq-imbalance", "straggler", lambda: _gen_spec(
+        dp=4, tp=1, pp=2, steps=30, micro=8, seed=8, noise=dict(seq_sigma=0.1, step_sigma=0.03),
+        faults=[dict(dp=2, stage=1, fwd=1.4, bwd=1.4, first=5)]),
+        "dp4 pp2, sequence-length imbalance (10% per micro-batch), 3% per rank-step, 1.4x from step 5"),
+    _gen("gen-1024-ranks", "straggler", lambda: _gen_spec(
+        dp=16, tp=8, pp=8, steps=20, micro=4, seed=1, p2p_s=4e-3,
+        faults=[dict(dp=5, stage=6, tp=3, fwd=1.1, bwd=1.1, first=8)]),
+        "dp16 tp8 pp8 (1,024 ranks, the replay covers 184), one GPU 10% slow from step 8"),
 ]
 TRAIN_CASES = [
     ("train-dp2pp2", ["--dp", "2", "--pp", "2"], "straggler:rank=3,slowdown=2,from=8", 3,
@@ -147,7 +165,7 @@ def evaluate(case: Case, tmp: Path) -> dict:
     from megascope.analyzer import Run
     faulty_dir, twin_dir = case.make(tmp)
     faulty, twin = Run.open(faulty_dir), Run.open(twin_dir)
-    found = [f for f in faulty.findings() if f.kind == case.kind and case.rank in f.ranks]
+    found = [f for f in faulty.findings() if f.kind == case.kind and {case.rank, *case.also} & set(f.ranks)]
     row = {"case": case.name, "what": case.what}
     if not found:
         return dict(row, note=f"no {case.kind} finding on rank {case.rank}")

@@ -1,7 +1,8 @@
 """The cross-rank critical path of a step, by last-arrival backtracking on the step graph.
 
 Start from the event that ends last. At a receive that waited for its sender, jump to the send (and
-on to the compute that produced it); at a collective, jump to the member that arrived last;
+on to the compute that produced it), at a blocking send that waited for its receiver, to the receive;
+at a collective, jump to the member that arrived last;
 otherwise step back in program order. The chain is what bounded the step: shorten any of it and
 the step gets shorter.
 """
@@ -20,6 +21,8 @@ def critical_path(g: StepGraph) -> pd.DataFrame:
     if ev.empty:
         return pd.DataFrame(columns=cols + ["duration_s", "via"])
     issue = ev.issue_ns.to_numpy()
+    recv_of = np.full(len(ev), -1, dtype=np.int64)  # a send that waited for its receiver (synchronous
+    recv_of[g.send_of[g.send_of >= 0]] = np.flatnonzero(g.send_of >= 0)  # sends): jump to the recv
     at = int(np.argmax(ev.end_ns.to_numpy()))
     path, via = [at], ["end"]
     seen = {at}
@@ -27,6 +30,8 @@ def critical_path(g: StepGraph) -> pd.DataFrame:
         send, last = g.send_of[at], g.last_arrival[at]
         if send >= 0 and issue[send] > issue[at]:
             nxt, how = int(send), "p2p"
+        elif g.blocking[at] and recv_of[at] >= 0 and issue[recv_of[at]] > issue[at]:
+            nxt, how = int(recv_of[at]), "p2p"
         elif last >= 0 and last != at and issue[last] > issue[at]:
             nxt, how = int(last), "collective"
         else:

@@ -2,11 +2,14 @@
 
 Replays the step graph (program order with the recorded host gaps, p2p transfers starting when both
 sides posted, collectives completing at the last arrival; one longest-path pass in topological order,
-a dependency cycle is reported as a bug and the what-if skipped) twice: as recorded, and with the culprit's
-net compute set to its peers' median (or the link's transfer time, or its stalled host gaps, to its
-peers'; for workload imbalance, every data-parallel replica's compute to the replicas' mean: the
-same work, balanced). The difference is the time the finding cost per step; over the step time, the
-throughput lost.
+a dependency cycle is reported as a bug and the what-if skipped) twice: as recorded, and with the
+culprit fixed: a straggler's net compute divided by its slowdown against its stage peers (its tp
+peers' spans that waited for it inside them fixed along), a stage's net compute set to the other
+stages' median, the link's transfer time or its stalled host gaps to its peers', for workload
+imbalance every data-parallel replica's compute to the replicas' mean (the same work, balanced).
+The difference is the time the finding cost per step; over the step time (from the previous step's
+end to this one's: the replay covers both steps, or this one alone after a barrier), the
+throughput lost. Checked against fault-free twins: benchmarks/what_if_accuracy.py.
 Compute spans that hold synchronous communication of their own rank (tensor-parallel collectives
 inside forward/backward on real traces) are first cut into pieces around it (span_split.
 split_compute): a tp peer of a slow rank sat in those collectives waiting for it, and kept as one
@@ -20,11 +23,16 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from megascope.analyzer.findings import Finding
 from megascope.analyzer.event_pass import has_wait_spans
+from megascope.analyzer.findings import Finding
 from megascope.analyzer.span_split import split_compute
-from megascope.analyzer.step_graph import (GraphCycleError, StepGraph, events_window, graph_from_events,
-                                           topological_levels)
+from megascope.analyzer.step_graph import (
+    GraphCycleError,
+    StepGraph,
+    events_window,
+    graph_from_events,
+    topological_levels,
+)
 from megascope.analyzer.store import Store, load_sql
 
 FULL_REPLAY_MAX_RANKS = 512
@@ -106,7 +114,7 @@ def _apply_fix(f: Finding, g: StepGraph, topo: pd.DataFrame, duration, gap, xfer
         if f.kind == "straggler":
             target = _unslowed(spans, mine, ref, f.steps, known or {})
         else:
-            target = np.where(mine & (ref == ref), np.minimum(net, ref), net)
+            target = np.where(mine & ~np.isnan(ref), np.minimum(net, ref), net)
         _set_net(duration, ev, spans, target)
     elif f.kind == "workload_imbalance":  # balanced batches: every dp replica does the mean work
         spans = net_compute(ev, duration)

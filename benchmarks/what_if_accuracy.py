@@ -33,9 +33,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -62,7 +62,7 @@ class Case:
 def _sim(name: str, kind: str, rank: int, inject: list[str], what: str, **layout) -> Case:
     def make(tmp: Path) -> tuple[Path, Path]:
         from megascope.samples.simulator import SimConfig, simulate
-        cfg = dict(dict(steps=30, seed=11), **layout)
+        cfg = dict({"steps": 30, "seed": 11}, **layout)
         return (simulate(tmp / "faulty", SimConfig(inject=inject, **cfg)), simulate(tmp / "twin", SimConfig(**cfg)))
     return Case(name, make, kind, rank, what)
 
@@ -71,6 +71,7 @@ def _gen(name: str, kind: str, spec_fn: Callable[[], object], what: str) -> Case
     """The first fault is judged; the twin is the spec without it (any other fault stays)."""
     def make(tmp: Path) -> tuple[Path, Path]:
         from dataclasses import replace
+
         from tests.independent_gen import import_run
         spec = spec_fn()
         return import_run(spec, tmp / "faulty"), import_run(replace(spec, faults=spec.faults[1:]), tmp / "twin")
@@ -115,44 +116,48 @@ CASES = [
          "dp2 tp2 pp4, p2p link 3-7 4x slower", dp=2, tp=2, pp=4),
     _gen("gen-issue-case6", "straggler", lambda: _gen_spec(
         dp=4, tp=2, pp=4, steps=30, micro=8, seed=3,
-        faults=[dict(dp=1, stage=2, tp=1, fwd=1.1, bwd=1.1, first=10)]),
+        faults=[{"dp": 1, "stage": 2, "tp": 1, "fwd": 1.1, "bwd": 1.1, "first": 10}]),
         "dp4 tp2 pp4, one GPU 10% slow from step 10 (the issue's case 6)"),
     _gen("gen-issue-case1", "straggler", lambda: _gen_spec(
         dp=4, tp=4, pp=4, steps=44, micro=8, seed=1, traced="tp0",
-        faults=[dict(dp=0, stage=0, fwd=2.5, bwd=2.3)]),
+        faults=[{"dp": 0, "stage": 0, "fwd": 2.5, "bwd": 2.3}]),
         "dp4 tp4 pp4, tp rank 0 traced, stage-0 rank fwd 2.5x / bwd 2.3x from step 0 (case 1)"),
     _gen("gen-heavy-tail-gc", "straggler", lambda: _gen_spec(
         dp=4, tp=1, pp=4, steps=40, micro=8, seed=5,
-        noise=dict(kind="student_t", sigma=0.03, gc_prob=0.05, gc_s=0.02, p2p_sigma=0.1),
-        faults=[dict(dp=2, stage=1, fwd=1.3, bwd=1.3, first=15)]),
+        noise={"kind": "student_t", "sigma": 0.03, "gc_prob": 0.05, "gc_s": 0.02, "p2p_sigma": 0.1},
+        faults=[{"dp": 2, "stage": 1, "fwd": 1.3, "bwd": 1.3, "first": 15}]),
         "dp4 pp4, Student-t noise, GC pauses, 1.3x from step 15"),
     _gen("gen-missing-workers", "straggler", lambda: _gen_spec(
         dp=4, tp=2, pp=2, steps=30, micro=4, seed=9, traced="tp0", missing=[(3, 1)],
-        noise=dict(kind="pareto", sigma=0.02, step_sigma=0.02),
-        faults=[dict(dp=1, stage=1, fwd=1.5, bwd=1.5, first=0)]),
+        noise={"kind": "pareto", "sigma": 0.02, "step_sigma": 0.02},
+        faults=[{"dp": 1, "stage": 1, "fwd": 1.5, "bwd": 1.5, "first": 0}]),
         "dp4 tp2 pp2, tp0 traced, worker (3, 1) missing, Pareto noise, 1.5x from step 0"),
     _gen("gen-two-faults", "straggler", lambda: _gen_spec(
         dp=4, tp=1, pp=4, steps=30, micro=8, seed=6,
-        faults=[dict(dp=1, stage=1, fwd=1.3, bwd=1.3, first=5), dict(dp=3, stage=2, fwd=1.5, bwd=1.5, first=12)]),
+        faults=[{"dp": 1, "stage": 1, "fwd": 1.3, "bwd": 1.3, "first": 5},
+                {"dp": 3, "stage": 2, "fwd": 1.5, "bwd": 1.5, "first": 12}]),
         "dp4 pp4, 1.3x (judged) from step 5 and another rank 1.5x from step 12; twin keeps the second"),
     _gen("gen-seq-imbalance", "straggler", lambda: _gen_spec(
-        dp=4, tp=1, pp=2, steps=30, micro=8, seed=8, noise=dict(seq_sigma=0.1, step_sigma=0.03),
-        faults=[dict(dp=2, stage=1, fwd=1.4, bwd=1.4, first=5)]),
+        dp=4, tp=1, pp=2, steps=30, micro=8, seed=8, noise={"seq_sigma": 0.1, "step_sigma": 0.03},
+        faults=[{"dp": 2, "stage": 1, "fwd": 1.4, "bwd": 1.4, "first": 5}]),
         "dp4 pp2, sequence-length imbalance (10% per micro-batch), 3% per rank-step, 1.4x from step 5"),
     _gen("gen-1024-ranks", "straggler", lambda: _gen_spec(
         dp=16, tp=8, pp=8, steps=20, micro=4, seed=1, p2p_s=4e-3,
-        faults=[dict(dp=5, stage=6, tp=3, fwd=1.1, bwd=1.1, first=8)]),
+        faults=[{"dp": 5, "stage": 6, "tp": 3, "fwd": 1.1, "bwd": 1.1, "first": 8}]),
         "dp16 tp8 pp8 (1,024 ranks, the replay covers 184), one GPU 10% slow from step 8"),
 ]
 TRAIN_CASES = [
+    ("train-pp2", ["--pp", "2", "--hidden", "128"], "straggler:rank=1,slowdown=2,from=8", 1,
+     "real tiny run pp2 (hidden 128: 2 processes on the 2 cores), rank 1 2x slower from step 8"),
     ("train-dp2pp2", ["--dp", "2", "--pp", "2"], "straggler:rank=3,slowdown=2,from=8", 3,
      "real tiny run dp2 pp2, rank 3 2x slower from step 8"),
     ("train-tp2pp2", ["--tp", "2", "--pp", "2"], "straggler:rank=1,slowdown=2,from=8", 1,
      "real tiny run tp2 pp2, rank 1 2x slower from step 8"),
 ]
+"""Each --train case runs twice, interleaved (faulty, twin, faulty, twin): the box's load drifts."""
 
 
-def step_times(run) -> "pd.Series":
+def step_times(run) -> pd.Series:
     """Per step: the time from the end of the step before (its last rank's) to the end of this one,
     the what-if's step time; the first step: its span (last end - first start)."""
     steps = run.steps().groupby("step").agg(start=("start_ns", "min"), end=("end_ns", "max")).sort_index()
@@ -182,7 +187,9 @@ def evaluate(case: Case, tmp: Path) -> dict:
         observed, true = float(np.median(seen[steps])), float(np.median(true_steps[steps]))
         est = observed * (1 - wi["throughput_lost"])
         noise = float(np.std(np.log(true_steps[steps] / np.median(true_steps[steps]))))
-        row["note"] = f"medians over steps {steps[0]}-{steps[-1]}; twin's per-step sigma {100 * noise:.0f}%"
+        row["note"] = (f"medians over steps {steps[0]}-{steps[-1]}; twin's per-step sigma {100 * noise:.0f}%; "
+                       f"what-if throughput_lost {100 * wi['throughput_lost']:.1f}%, observed "
+                       f"{100 * (1 - true / observed):.1f}%")
     else:
         steps = wi["steps_sampled"]
         observed, true, est = wi["step_time_s"], float(true_steps[steps].mean()), wi["what_if_step_time_s"]
@@ -212,9 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     cases = list(CASES)
     if args.train:
-        cases += [_train(n, lay, inj, r, args.train_steps, w) for n, lay, inj, r, w in TRAIN_CASES]
+        cases += [_train(f"{n}-{rep}", lay, inj, r, args.train_steps, w)
+                  for n, lay, inj, r, w in TRAIN_CASES for rep in "ab"]
     if args.only:
-        cases = [c for c in cases if c.name in args.only]
+        cases = [c for c in cases if c.name in args.only or c.name.rsplit("-", 1)[0] in args.only]
     rows = []
     base = args.keep or Path(tempfile.mkdtemp(prefix="what-if-accuracy-"))
     try:

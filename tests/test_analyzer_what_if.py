@@ -15,7 +15,12 @@ import pytest
 from megascope.analyzer import Run
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.span_split import split_compute
-from megascope.analyzer.step_graph import GraphCycleError, events_window, graph_from_events, topological_levels
+from megascope.analyzer.step_graph import (
+    GraphCycleError,
+    events_window,
+    graph_from_events,
+    topological_levels,
+)
 from megascope.analyzer.what_if import _inputs, net_compute, replay
 from megascope.tracer import run_dir as rd
 from megascope.tracer.schema import EVENTS, SCHEMA_VERSION, STEPS
@@ -350,7 +355,7 @@ def test_what_if_matches_the_fault_free_twin_of_a_simulated_run(tmp_path):
     # what_if_accuracy.py: simulator cases 0.00-0.05%); tolerance 1%, half the 2% goal. A pipeline
     # straggler from step 0 was 12.5% off before the step time ran from the previous step's end
     from megascope.samples.simulator import SimConfig, simulate
-    cfg = dict(dp=2, tp=1, pp=4, steps=8, micro_batches=4, seed=4)
+    cfg = {"dp": 2, "tp": 1, "pp": 4, "steps": 8, "micro_batches": 4, "seed": 4}
     faulty = Run.open(simulate(tmp_path / "faulty", SimConfig(inject=["straggler:rank=0,slowdown=2"], **cfg)))
     twin = Run.open(simulate(tmp_path / "twin", SimConfig(**cfg)))
     f = next(f for f in faulty.findings() if f.kind == "straggler" and 0 in f.ranks)

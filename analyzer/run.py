@@ -111,6 +111,12 @@ class Run:
         self._ensure("summary")
         return heatmap(self.store, metric, group_by, max_rows, max_cols)
 
+    def refresh_summary(self) -> SummaryState:
+        """Bring the persisted rank-step summary up to the run's segments (extended from the first new
+        step of a live run, summary_cache.py) without drawing a heatmap; `megascope watch` calls it."""
+        self._ensure("summary")
+        return self.summary  # type: ignore[return-value]
+
     def gpu(self) -> pd.DataFrame:
         return self.store.query("SELECT * FROM gpu ORDER BY rank, ts_ns")
 

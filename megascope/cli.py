@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("megascope.analyzer.export_cli", "write a Perfetto/Chrome trace of a run"),
     "dashboard": ("megascope.dashboard.cli", "web UI over one or more runs (live or offline)"),
     "import": ("megascope.tracer.importers.cli", "turn PyTorch profiler / NDTimeline / flight-recorder dumps into a run"),
+    "watch": ("megascope.analyzer.watch_cli", "follow a running job: live findings, webhook, Prometheus metrics"),
     "simulate": ("megascope.samples.simulate_cli", "write a simulated run for any layout, with injected faults"),
     "demo": ("megascope.samples.demo", "train, trace and diagnose a small job end to end"),
 }

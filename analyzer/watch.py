@@ -1,0 +1,241 @@
+"""`megascope watch RUN`: live diagnosis beside a running job.
+
+Each poll lists the run's segments and in-flight records; when they changed, one tick:
+1. opens the whole run, reads how far it got (watch_window.progress_of) and extends the persisted
+   rank-step summary from the new steps only (summary_cache.py), so the dashboard's heatmap is current;
+2. when the last complete step advanced (or hang records appeared), runs the default detectors over a
+   window of the last `window` complete steps (watch_window.analyze_window);
+3. compares those findings with the open ones (watch_tracker.Tracker) and sends each start and end to
+   the sinks (watch_sinks: stdout, RUN/findings.jsonl, webhook, command), updates the metrics.
+When the run is finished (every rank recorded run.json's last step) or has been idle for
+`idle_exit_s`, the watcher runs the full analysis (what `megascope analyze` finds), announces what the
+windows missed, ends what is open and writes each final finding ('final' records), then stops.
+A tick that fails is logged, counted and retried at the next change; the watcher keeps going.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from megascope.analyzer.findings import Finding
+from megascope.analyzer.report import json_safe
+from megascope.analyzer.run import Run
+from megascope.analyzer.store import RunOpenError, Store
+from megascope.analyzer.watch_metrics import WatchMetrics
+from megascope.analyzer.watch_sinks import (BackgroundSink, JsonlSink, Record, StdoutSink, now_iso, post_json,
+                                            run_command)
+from megascope.analyzer.watch_tracker import Tracker, key_of
+from megascope.analyzer.watch_window import Progress, analyze_full, analyze_window, progress_of
+from megascope.tracer import run_dir as rd
+
+FINDINGS_FILE = "findings.jsonl"
+
+
+@dataclass
+class WatchConfig:
+    window: int = 32
+    """Complete steps the detectors see per tick. The straggler detector needs persist_steps=3 flagged
+    steps and enough clean ones for the run's own flag rate; 32 keeps a tick's cost fixed."""
+    poll_s: float = 1.0
+    webhook: str | None = None
+    on_finding: str | None = None
+    metrics_port: int | None = None
+    idle_exit_s: float | None = None
+    summary: bool = True
+    threads: int | None = None
+    findings_file: Path | None = None
+    """Default RUN/findings.jsonl."""
+
+
+@dataclass
+class WatchState:
+    analyzed_step: int | None = None
+    inflight: frozenset = frozenset()
+    signature: frozenset = frozenset()
+    changed_at: float = field(default_factory=time.monotonic)
+    progress: Progress | None = None
+    errors: int = 0
+
+
+class Watcher:
+    def __init__(self, run_dir: str | Path, cfg: WatchConfig | None = None,
+                 out=None, log: Callable[[str], None] | None = None) -> None:
+        self.path = Path(run_dir)
+        self.cfg = cfg or WatchConfig()
+        self.log = log or (lambda msg: print(f"megascope watch: {msg}", file=sys.stderr, flush=True))
+        self.tracker = Tracker()
+        self.state = WatchState()
+        self.metrics: WatchMetrics | None = None
+        self.server = None
+        self.sinks: list[Any] = [StdoutSink(out), JsonlSink(self.cfg.findings_file or self.path / FINDINGS_FILE)]
+        if self.cfg.webhook:
+            self.sinks.append(BackgroundSink("webhook", post_json(self.cfg.webhook), self.log))
+        if self.cfg.on_finding:
+            self.sinks.append(BackgroundSink("on-finding", run_command(self.cfg.on_finding), self.log))
+        self.run_id = "?"
+        self._waiting = False
+        self.records: list[Record] = []
+        """Every record sent, in order (tests and the final summary read it)."""
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run(self, stop: threading.Event | None = None) -> int:
+        """Watch until the run is over (or `stop` is set / Ctrl-C); 0 on a clean stop."""
+        stop = stop or threading.Event()
+        try:
+            while not stop.is_set():
+                if self.poll():
+                    self.finish()
+                    return 0
+                stop.wait(self.cfg.poll_s)
+            self.log(f"stopped at step {self.state.analyzed_step}; {len(self.tracker.open)} finding(s) open")
+            return 0
+        except KeyboardInterrupt:
+            self.log(f"interrupted at step {self.state.analyzed_step}; {len(self.tracker.open)} finding(s) open")
+            return 130
+        finally:
+            self.close()
+
+    def poll(self) -> bool:
+        """One look at the run; True when it is over (finished, or idle for idle_exit_s)."""
+        if not (self.path / rd.MANIFEST).is_file():
+            if not self._waiting:  # started before the job wrote run.json: wait for it
+                self.log(f"waiting for {self.path / rd.MANIFEST}")
+                self._waiting = True
+            return False
+        segments, inflight = self._listing()
+        now = time.monotonic()
+        changed = segments != self.state.signature or inflight != self.state.inflight
+        if changed:
+            new = segments - self.state.signature
+            self.state.signature, self.state.changed_at = segments, now
+            try:
+                self.tick(inflight, new)
+            except RunOpenError:
+                raise
+            except Exception as exc:  # a tick never kills the watcher: logged, counted, retried
+                self.state.errors += 1
+                self.state.signature = frozenset()  # analyze again at the next poll
+                if self.metrics is not None:
+                    self.metrics.errors.inc()
+                self.log(f"tick failed ({type(exc).__name__}: {exc}); retrying at the next poll")
+                return False
+        progress = self.state.progress
+        if progress is not None and progress.finished:
+            return True
+        idle = self.cfg.idle_exit_s
+        return idle is not None and progress is not None and now - self.state.changed_at >= idle
+
+    def tick(self, inflight: frozenset, new_segments: frozenset) -> None:
+        store = Store(self.path, threads=self.cfg.threads)
+        self._start_metrics(store)
+        progress = progress_of(store)
+        self.state.progress = progress
+        if self.cfg.summary and progress.complete_step is not None:
+            Run(store).refresh_summary()
+        m = self.metrics
+        m.dropped.set(progress.dropped_events)
+        m.finished.set(1 if progress.finished else 0)
+        step = progress.complete_step
+        if step is None or (step == self.state.analyzed_step and inflight == self.state.inflight):
+            return
+        if step != self.state.analyzed_step:
+            m.step_advanced(step)
+        window = analyze_window(self.path, step - self.cfg.window + 1, step, self.cfg.threads)
+        self.state.analyzed_step, self.state.inflight = step, inflight
+        for change in self.tracker.update(window.findings, step):
+            self._send(change.event, change.finding, change.at_step)
+        self._window_metrics(window, step)
+        m.ticks.inc()
+        m.lag.set(max(0.0, time.time() - max((_mtime(self.path / p) for p in new_segments), default=time.time())))
+
+    def finish(self) -> None:
+        """The run is over: the full analysis's verdict (equal to `megascope analyze`)."""
+        step = self.state.analyzed_step if self.state.analyzed_step is not None else -1
+        final = analyze_full(self.path, self.cfg.threads)
+        for f in final:
+            if key_of(f) not in self.tracker.seen:  # the windows missed it (e.g. a slow trend)
+                self._send("start", f, step)
+        for change in self.tracker.close_all(step):
+            self._send(change.event, change.finding, change.at_step)
+        for f in final:
+            self._send("final", f, step)
+        if self.metrics is not None:
+            self.metrics.open_findings([])
+        self.log(f"run over at step {step}: {len(final)} finding(s); records in {self._findings_path()}")
+
+    def close(self) -> None:
+        for sink in self.sinks:
+            sink.close()
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    # ---- helpers --------------------------------------------------------------------------------
+    def _send(self, event: str, finding: Finding, at_step: int) -> None:
+        record = json_safe(dict(finding.to_dict(), event=event, at_step=int(at_step), time=now_iso(),
+                                run_id=self.run_id))
+        self.records.append(record)
+        if self.metrics is not None and event == "start":
+            self.metrics.announced(finding.kind)
+        for sink in self.sinks:
+            try:
+                sink.send(record)
+            except Exception as exc:  # a full disk or closed stdout: the other sinks still get it
+                self.state.errors += 1
+                if self.metrics is not None:
+                    self.metrics.errors.inc()
+                self.log(f"{type(sink).__name__} failed ({exc})")
+
+    def _window_metrics(self, window, step: int) -> None:
+        m = self.metrics
+        last = window.per_step[window.per_step.step == step]
+        if len(last):
+            row = last.iloc[0]
+            m.throughput(float(row.step_time_s), float(row.tokens_per_s), float(row.mfu))
+        for row in window.per_stage.itertuples():
+            m.stage(int(row.pp), float(row.p50_s), float(row.max_s))
+        m.open_findings(list(self.tracker.open.values()))
+
+    def _start_metrics(self, store: Store) -> None:
+        if self.metrics is not None:
+            return
+        self.run_id = str(store.manifest.get("run_id") or self.path.name)
+        self.metrics = WatchMetrics(self.run_id)
+        if self.cfg.metrics_port is not None:
+            self.server = self.metrics.serve(self.cfg.metrics_port)
+            self.log(f"metrics on http://127.0.0.1:{self.server.server_port}/metrics")
+
+    def _findings_path(self) -> Path:
+        return self.cfg.findings_file or self.path / FINDINGS_FILE
+
+    def _listing(self) -> tuple[frozenset, frozenset]:
+        """(relative paths of the events and steps segments, (name, mtime) of the in-flight records)."""
+        names: list[str] = []
+        for table in ("events", "steps"):
+            base = self.path / table
+            if not base.is_dir():
+                continue
+            for folder in os.scandir(base):
+                if folder.is_dir() and folder.name.startswith("rank="):
+                    names.extend(f"{table}/{folder.name}/{f.name}" for f in os.scandir(folder.path)
+                                 if f.name.endswith(".parquet") and not f.name.startswith("."))
+        inflight: list[tuple[str, float]] = []
+        folder = rd.inflight_dir(self.path)
+        if folder.is_dir():
+            inflight = [(f.name, f.stat().st_mtime) for f in os.scandir(folder) if f.name.endswith(".json")]
+        return frozenset(names), frozenset(inflight)
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()

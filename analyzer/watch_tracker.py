@@ -1,0 +1,66 @@
+"""Which findings are open: each is announced once when it appears and once when it ends.
+
+A finding is known by its kind and ranks. In a sliding window the same straggler comes back on every
+tick with its steps clipped to the window; the tracker keeps the onset of the first sighting and
+follows the last affected step. It ends when the detectors no longer report it, or when its last
+affected step falls more than `end_after` complete steps behind (a straggler that recovered at step
+20 is still in a window reaching step 30, with steps [.., 20]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from megascope.analyzer.findings import Finding
+
+Key = tuple[str, tuple[int, ...]]
+
+
+def key_of(finding: Finding) -> Key:
+    return finding.kind, tuple(sorted(int(r) for r in finding.ranks))
+
+
+@dataclass
+class Change:
+    event: str
+    """'start' or 'end'."""
+    finding: Finding
+    at_step: int
+    """The last complete step when the change was seen."""
+
+
+@dataclass
+class Tracker:
+    end_after: int = 4
+    """Steps a finding's last affected step may lag the run before it is over: the straggler
+    detector bridges gaps of up to max_gap=3 unflagged steps (stragglers.StragglerConfig), so a
+    shorter lag would end and restart one noisy straggler."""
+    open: dict[Key, Finding] = field(default_factory=dict)
+    seen: set[Key] = field(default_factory=set)
+    """Every finding ever announced (a final verdict repeats none of them)."""
+
+    def update(self, findings: list[Finding], at_step: int) -> list[Change]:
+        """Compare one window's findings with the open ones; the changes, starts first."""
+        current: dict[Key, Finding] = {}
+        for f in findings:
+            if f.kind == "hang" or f.steps[1] >= at_step - self.end_after:
+                current.setdefault(key_of(f), f)
+        changes: list[Change] = []
+        for key, f in current.items():
+            if key in self.open:
+                known = self.open[key]
+                known.steps = (known.steps[0], max(known.steps[1], f.steps[1]))
+                known.severity, known.evidence = f.severity, f.evidence
+            else:
+                self.open[key] = f
+                self.seen.add(key)
+                changes.append(Change("start", f, at_step))
+        for key in [k for k in self.open if k not in current]:
+            changes.append(Change("end", self.open.pop(key), at_step))
+        return changes
+
+    def close_all(self, at_step: int) -> list[Change]:
+        """End every open finding (the run is over)."""
+        changes = [Change("end", f, at_step) for f in self.open.values()]
+        self.open.clear()
+        return changes

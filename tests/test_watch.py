@@ -1,0 +1,171 @@
+"""`megascope watch`: a simulated run landing step by step, with an injected straggler, is reported
+once when the straggler appears and once when it ends; the webhook (a real HTTP server on loopback)
+and the --on-finding command receive the records; a dead webhook port does not hold the watcher; a
+failing tick is survived; on the finished run the watcher's verdict equals `megascope analyze`'s."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import jsonschema
+import pytest
+
+from megascope.analyzer import Run, watch
+from megascope.analyzer.findings import Finding
+from megascope.analyzer.report import json_safe
+from megascope.analyzer.summary_cache import is_current
+from megascope.analyzer.watch import WatchConfig, Watcher
+from megascope.analyzer.watch_tracker import Tracker
+from tests.watch_feed import Feeder, simulate_steps
+
+SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "report.schema.json").read_text())
+FINDING = jsonschema.Draft202012Validator({"$defs": SCHEMA["$defs"], "$ref": "#/$defs/finding"})
+ONSET = 8
+RECORD_KEYS = {"event", "at_step", "time", "run_id"}
+
+
+@pytest.fixture(scope="module")
+def straggler_run(tmp_path_factory) -> Path:
+    return simulate_steps(tmp_path_factory.mktemp("src") / "run", steps=20,
+                          inject=[f"straggler:rank=5,slowdown=0.3,from={ONSET}"])
+
+
+class Hook(BaseHTTPRequestHandler):
+    received: ClassVar[list[dict]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        Hook.received.append(json.loads(body))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+def follow(feeder: Feeder, watcher: Watcher, per_poll: int = 1) -> None:
+    """Land the run `per_poll` steps at a time, one watcher poll after each, until it says it is over."""
+    for _ in range(feeder.total + 2):
+        feeder.feed(per_poll)
+        if watcher.poll():
+            watcher.finish()
+            return
+    raise AssertionError("the watcher never saw the run finish")
+
+
+def test_straggler_found_once_delivered_and_final_equals_analyze(straggler_run, tmp_path):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    Hook.received = []
+    marker = tmp_path / "commands.jsonl"
+    command = f"{sys.executable} -c \"import sys; open(sys.argv[1], 'a').write(sys.stdin.read() + '\\n')\" {marker}"
+    live = tmp_path / "live"
+    watcher = Watcher(live, WatchConfig(webhook=f"http://127.0.0.1:{server.server_port}/hook", on_finding=command))
+    try:
+        follow(Feeder(straggler_run, live), watcher)
+    finally:
+        watcher.close()
+        server.shutdown()
+    lines = [json.loads(x) for x in (live / "findings.jsonl").read_text().splitlines()]
+    assert lines == watcher.records
+    starts = [r for r in lines if r["event"] == "start"]
+    ends = [r for r in lines if r["event"] == "end"]
+    assert [(r["kind"], r["ranks"]) for r in starts] == [("straggler", [5])]  # once, nothing else
+    assert [(r["kind"], r["ranks"]) for r in ends] == [("straggler", [5])]
+    assert starts[0]["steps"][0] == ONSET and starts[0]["at_step"] <= ONSET + 3  # live, not at the end
+    for record in lines:
+        FINDING.validate({k: v for k, v in record.items() if k not in RECORD_KEYS})
+    # the webhook and the command got every record, in order
+    assert Hook.received == lines
+    assert [json.loads(x) for x in marker.read_text().splitlines()] == lines
+    # verdict on the finished run: what `megascope analyze` reports
+    report = Run.open(live).report(with_what_if=False)
+    final = [{k: v for k, v in r.items() if k not in RECORD_KEYS} for r in lines if r["event"] == "final"]
+    assert final == json_safe(report["findings"]) and final
+    # the persisted rank-step summary was kept up to date on the way
+    assert is_current(Run.open(live).store)
+
+
+def test_clean_run_reports_nothing(tmp_path):
+    source = simulate_steps(tmp_path / "src", steps=16, seed=3)
+    live = tmp_path / "live"
+    watcher = Watcher(live, WatchConfig(summary=False))
+    try:
+        follow(Feeder(source, live), watcher, per_poll=4)
+    finally:
+        watcher.close()
+    assert watcher.records == [] and watcher.state.errors == 0
+    assert watcher.state.analyzed_step == 15
+
+
+def test_dead_webhook_does_not_hold_the_watcher(straggler_run, tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    live = tmp_path / "live"
+    feeder = Feeder(straggler_run, live)
+    feeder.feed(feeder.total)
+    logged: list[str] = []
+    watcher = Watcher(live, WatchConfig(webhook=f"http://127.0.0.1:{port}/", summary=False), log=logged.append)
+    hook = watcher.sinks[-1]
+    assert watcher.poll()
+    watcher.finish()
+    # every record reached the file while the webhook thread was still retrying the first one
+    assert [r["event"] for r in watcher.records] == ["start", "end", "final"]
+    assert hook.delivered == 0
+    watcher.close()
+    assert hook.delivered == 0 and (hook.failed or any("not delivered" in m for m in logged))
+
+
+def test_failing_tick_is_logged_counted_and_survived(straggler_run, tmp_path, monkeypatch):
+    live = tmp_path / "live"
+    feeder = Feeder(straggler_run, live)
+    logged: list[str] = []
+    watcher = Watcher(live, WatchConfig(summary=False), log=logged.append)
+    real = watch.analyze_window
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError("disk hiccup")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(watch, "analyze_window", flaky)
+    feeder.feed(ONSET + 6)
+    assert not watcher.poll()
+    assert watcher.state.errors == 1 and "disk hiccup" in logged[0]
+    assert not watcher.poll()  # analyzed again although no segment landed since
+    assert [(r["event"], r["kind"]) for r in watcher.records] == [("start", "straggler")]
+    watcher.close()
+
+
+def test_tracker_announces_start_and_end_once():
+    tracker = Tracker(end_after=4)
+    f = Finding("straggler", [5], ["h"], (8, 12), 1.3, "slow")
+    assert [c.event for c in tracker.update([f], 12)] == ["start"]
+    later = Finding("straggler", [5], ["h"], (8, 14), 1.3, "slow")
+    assert tracker.update([later], 14) == []
+    assert tracker.open[("straggler", (5,))].steps == (8, 14)
+    assert tracker.update([later], 18) == []  # 4 steps behind: still open (gaps of noise)
+    ended = tracker.update([later], 19)
+    assert [(c.event, c.finding.steps) for c in ended] == [("end", (8, 14))]
+    assert tracker.update([], 20) == []
+
+
+def test_cli_refuses_bad_input(tmp_path):
+    file = tmp_path / "not_a_dir"
+    file.write_text("x")
+    for args in ([str(file)], [str(tmp_path), "--poll", "0"], [str(tmp_path), "--webhook", "localhost:9"]):
+        done = subprocess.run([sys.executable, "-m", "megascope", "watch", *args], check=False, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 2, args
+        assert done.stderr.count("\n") == 1 and done.stderr.startswith("megascope watch: "), done.stderr
+        assert done.stdout == ""

@@ -123,8 +123,8 @@ def _steps(run: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_resume_continues_a_run_and_a_plain_rerun_is_refused(tmp_path):
-    first = train(tmp_path, *TINY, "--run-dir", "run", "--checkpoint-every", "2",
-                  "--set", "trace.flush_interval_s=0.5")
+    first = train(tmp_path, "--preset", "tiny", "--steps", "5", "--run-dir", "run", "--checkpoint-every", "2",
+                  "--set", "trace.flush_interval_s=0.5")  # checkpoints after steps 2 and 4; step 4 runs again
     assert first.returncode == 0, first.stderr[-3000:]
     run = tmp_path / "run"
     assert (run / "checkpoints" / "step-000004" / "manifest.json").is_file()
@@ -138,9 +138,13 @@ def test_resume_continues_a_run_and_a_plain_rerun_is_refused(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "continuing run from its checkpoint at step 4" in resumed.stdout
     assert "resumed from checkpoint step 4" in resumed.stdout and "done: 2 steps" in resumed.stdout
-    assert _steps(run) == [0, 1, 2, 3, 4, 5]
+    assert _steps(run) == [0, 1, 2, 3, 4, 4, 5]  # step 4 of both launches is in the trace ...
     incidents = [json.loads(line) for line in (run / "incidents.jsonl").read_text().splitlines()]
     assert [(i["kind"], i["step"]) for i in incidents] == [("restart", 4)]
+    from megascope.analyzer import Run
+
+    rank_steps = Run.open(run).rank_steps()  # ... and the analyzer keeps the resumed launch's
+    assert sorted(rank_steps.step) == [0, 1, 2, 3, 4, 5]
 
 
 def test_version_and_defaults_in_help():

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from megascope.analyzer.episodes import binomial_tail, cusum_stretches, persistent_runs, runs
+from megascope.analyzer.episodes import binomial_tail, cusum_stretches, persistent_runs
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
 from megascope.analyzer.peer_stats import noise_sigma, rank_step_scores
 from megascope.analyzer.store import Store, load_sql
@@ -285,7 +285,7 @@ class StragglerDetector:
                       "forward_ratio_vs_stage": round(math.exp(fwd), 4),
                       "compute_ratio_vs_tp_group": _round(ep.rows.tp_ratio.median()),
                       "robust_z": round(ep.level / sigma, 2), "noise_sigma": round(sigma, 4),
-                      "flagged_steps": int(len(ep.rows)), "episodes": [list(r[:2]) for r in ep.runs]})
+                      "flagged_steps": len(ep.rows), "episodes": [list(r[:2]) for r in ep.runs]})
 
     def _late_launch(self, store: Store, scores: pd.DataFrame, sigma: float, stragglers: set[int]) -> list[Finding]:
         cfg = self.cfg

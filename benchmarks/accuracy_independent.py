@@ -26,8 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megascope.analyzer import Run  # noqa: E402
-from tests.independent_gen import GenSpec, HostPause, Noise, SlowRank, import_run  # noqa: E402
+from megascope.analyzer import Run
+
+from tests.independent_gen import GenSpec, HostPause, Noise, SlowRank, import_run
 
 TUNED = [0, 1]
 HELD_OUT = [1000, 1001, 1002]

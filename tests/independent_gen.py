@@ -17,7 +17,8 @@ per compute piece log-normal, Student-t (on the log scale) or Pareto (multiplica
 a per (rank, step) factor (host contention); GC pauses on any rank (a `gc` row before a forward, the
 group waits); a per (replica, step, micro-batch) workload factor (sequence lengths), shared by every
 rank of the replica; p2p jitter. Faults: slow ranks (forward/backward factors over a step range,
-from step 0 on if wanted) and host pauses (late launches, recorded as `gc` rows or untraced), several at once. Partial traces: only tp rank 0 of each tp group, and
+from step 0 on if wanted) and host pauses (late launches, recorded as `gc` rows or untraced), several
+at once. Partial traces: only tp rank 0 of each tp group, and
 whole (dp, stage) workers left out.
 """
 
@@ -120,7 +121,7 @@ class GenSpec:
         """Megatron order: tp fastest, then cp, dp, pp."""
         return ((stage * self.dp + dp) * self.cp + cp) * self.tp + tp
 
-    def fault_free(self) -> "GenSpec":
+    def fault_free(self) -> GenSpec:
         return replace(self, faults=[])
 
 
@@ -262,7 +263,7 @@ def _simulate(spec: GenSpec) -> tuple[list[_Op], np.ndarray]:
     """Every op of every group (times relative to the step's start) and the step lengths (S,)."""
     d = _draw(spec)
     fwd, bwd = _compute_times(spec, d)
-    S, D, P, G, M = spec.steps, spec.dp, spec.pp, spec.tp * spec.cp, spec.micro
+    S, D, P, M = spec.steps, spec.dp, spec.pp, spec.micro
     progs = [_program(s, P, M) for s in range(P)]
     pos = [0] * P
     free = [np.zeros((S, D)) for _ in range(P)]
@@ -397,8 +398,9 @@ def import_run(spec: GenSpec, tmp_dir: str | Path) -> Path:
     """Write the trace and import it with the real `megascope import ndtimeline` (the CLI entry point);
     returns the run directory. Context parallelism is passed as --cp when the importer has it, else
     folded into tp (the same rank order: tp fastest, then cp)."""
-    from megascope.cli import main
     from megascope.tracer.importers.cli import import_run as importer
+
+    from megascope.cli import main
 
     tmp = Path(tmp_dir)
     src = write_ndtimeline(spec, tmp / "trace")

@@ -7,7 +7,11 @@ with persistence over steps, the rank's own history before the onset, and an ons
   the step, on `persist_steps` steps (a spike is noise). The rank's forward is slower too (a slow
   chip slows every kernel). Before the onset it must have been like its peers (`z_shift` sigma
   lower); a rank slow from the first analyzed step needs `z_start` sigma (scheduler asymmetries on
-  an oversubscribed host are persistent but small).
+  an oversubscribed host are persistent but small). The stretch's flagged steps must be unlikely by
+  chance at the run's own flag rate (`chance_alpha`: heavy tails, long runs). A smaller shift held for
+  long (heavy per-step noise) is found by a CUSUM stretch and the same chance test at 1 sigma
+  (`_sustained`). A slowdown the replica's other stages share at the same steps is its work, not the
+  rank (`replica_share`); a tp/cp block slow together is one finding (merge_tp_groups).
 - late launch: the rank's own time (compute + data wait + host gaps) is high while its forward is
   normal: it is slow to issue its collectives (GC pauses, sleeps before the launch), on
   >= `late_min_count` steps spaced <= `late_max_period` apart. Arrival skew at the collectives is

@@ -1,0 +1,42 @@
+"""The stretch statistics of analyzer/episodes.py: the binomial chance of a stretch of flagged steps
+and the CUSUM that proposes sustained stretches."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from megascope.analyzer.episodes import binomial_tail, cusum_stretches
+
+
+def test_binomial_tail_matches_enumeration():
+    for n, q in [(1, 0.3), (5, 0.05), (8, 0.5), (12, 0.16)]:
+        for k in range(n + 2):
+            exact = sum(q ** sum(bits) * (1 - q) ** (n - sum(bits))
+                        for bits in itertools.product((0, 1), repeat=n) if sum(bits) >= k)
+            assert math.isclose(binomial_tail(k, n, q), exact, rel_tol=1e-9, abs_tol=1e-15), (k, n, q)
+
+
+def test_binomial_tail_is_finite_for_long_stretches():
+    # 756 of 990 steps at a 17% rate: far below any float, not NaN or an overflow
+    p = binomial_tail(756, 990, 0.17)
+    assert 0.0 <= p < 1e-200
+    assert binomial_tail(0, 990, 0.17) == 1.0
+
+
+def test_cusum_finds_a_sustained_shift_and_ignores_outliers():
+    rng = np.random.default_rng(0)
+    z = rng.normal(0.0, 1.0, 1000)
+    z[[100, 101, 300, 700]] = 25.0          # lone outliers: each adds at most clip - drift
+    z[450:] += 1.74                          # a 1.74 sigma shift from step 450
+    stretches = cusum_stretches(z, drift=0.75, clip=3.0, h=10.0)
+    assert len(stretches) == 1
+    start, end = stretches[0]
+    assert 440 <= start <= 460 and end >= 990
+
+
+def test_cusum_on_noise_alone_stays_quiet():
+    rng = np.random.default_rng(1)
+    assert cusum_stretches(rng.normal(0.0, 1.0, 5000), drift=0.75, clip=3.0, h=10.0) == []

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from megascope.tracer.layout import Layout
+
 MATCHED_GROUPS = ("dp", "tp", "pp", "cp", "world", "embedding")
 
 
@@ -37,8 +39,8 @@ def _cp_coords(topology: pd.DataFrame) -> pd.Series:
 
 def is_regular(topology: pd.DataFrame, dp: int, tp: int, cp: int | None = None) -> bool:
     """True when rank = tp_c + tp * (cp_c + cp * (dp_c + dp * pp_c)) for every rank."""
-    cp = cp or cp_size(topology)
-    expect = topology.tp + tp * (_cp_coords(topology) + cp * (topology.dp + dp * topology.pp))
+    order = Layout(dp=dp, tp=tp, pp=1, cp=cp or cp_size(topology))  # rank_of needs no pp size
+    expect = order.rank_of(topology.pp, topology.dp, topology.tp, _cp_coords(topology))
     return bool((expect == topology["rank"]).all())
 
 

@@ -25,6 +25,7 @@ from megascope.samples.faults_sim import Fault, check_ranks, parse_fault
 from megascope.samples.sim_model import DEFAULT_MODEL, Costs, Hardware, Noise, costs
 from megascope.samples.sim_timeline import StageLog, Timeline
 from megascope.tracer import run_dir as rd
+from megascope.tracer.layout import Layout
 from megascope.tracer.schema import EVENTS, SCHEMA_VERSION, STEPS
 
 START_NS = 1_700_000_000_000_000_000  # fixed epoch so simulated runs are reproducible
@@ -63,9 +64,8 @@ def _validate(cfg: SimConfig) -> list[Fault]:
     return faults
 
 
-def _rank_table(cfg: SimConfig) -> tuple[np.ndarray, object]:
-    from megascope.trainer.parallel_dims import ParallelDims  # the one owner of the rank layout
-    dims = ParallelDims(dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, vpp=cfg.vpp)
+def _rank_table(cfg: SimConfig) -> tuple[np.ndarray, Layout]:
+    dims = Layout(dp=cfg.dp, tp=cfg.tp, pp=cfg.pp, vpp=cfg.vpp)  # the one owner of the rank order
     return np.array([[dims.rank_of(s, d, t) for d in range(cfg.dp) for t in range(cfg.tp)]
                      for s in range(cfg.pp)], dtype=np.int32), dims
 
@@ -182,7 +182,7 @@ class _SegmentWriter:
         os.replace(tmp, path)   # like the tracer: readers never see half a segment
 
 
-def _write_manifest(out: Path, cfg: SimConfig, dims, c: Costs, faults: list[Fault]) -> None:
+def _write_manifest(out: Path, cfg: SimConfig, dims: Layout, c: Costs, faults: list[Fault]) -> None:
     from megascope.trainer.config import JobConfig
     rph = cfg.hardware.ranks_per_host
     world = cfg.world
@@ -193,8 +193,8 @@ def _write_manifest(out: Path, cfg: SimConfig, dims, c: Costs, faults: list[Faul
     for key in ("n_layers", "hidden", "n_heads", "seq_len", "vocab_size", "window", "ffn_mult"):
         setattr(job.model, key, cfg.model[key])
     job.run_dir, job.inject = str(out), list(cfg.inject)
-    topology = dims.topology(hosts=[f"node{r // rph:04d}" for r in range(world)],
-                             local_ranks=[r % rph for r in range(world)])
+    topology = dims.topology(range(world), hosts={r: f"node{r // rph:04d}" for r in range(world)},
+                             local_ranks={r: r % rph for r in range(world)})
     rd.write_manifest(out, {
         "schema_version": SCHEMA_VERSION,
         "run_id": f"sim-{cfg.dp}x{cfg.tp}x{cfg.pp}-s{cfg.seed}",

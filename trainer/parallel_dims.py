@@ -1,14 +1,18 @@
-"""The one place that knows how ranks map to (pp, dp, tp) coordinates and owns the process groups.
+"""The trainer's parallel layout: this rank's coordinates and the process groups it owns.
 
-Rank order follows Megatron-LM: tensor-parallel ranks are adjacent (fastest), then data-parallel,
-then pipeline stages outermost, so a tensor-parallel group stays inside one node.
+The rank arithmetic (Megatron-LM order: tensor-parallel ranks adjacent, then data-parallel, pipeline
+stages outermost, so a tensor-parallel group stays inside one node) is tracer/layout.py's, shared with
+the importers, the simulator and the analyzer; this module adds the torch.distributed groups.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch.distributed as dist
+
+from megascope.tracer.layout import Layout
 
 
 @dataclass(frozen=True)
@@ -27,35 +31,27 @@ class ParallelDims:
     groups: dict[str, object] = field(default_factory=dict, repr=False)
     """Process groups of *this* rank by name: tp, dp, pp, mp (tp x pp), world; filled by build_groups."""
 
+    @cached_property
+    def layout(self) -> Layout:
+        return Layout(dp=self.dp, tp=self.tp, pp=self.pp, vpp=self.vpp)
+
     @property
     def world_size(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.layout.world
 
     def coords(self, rank: int) -> Coords:
-        tp = rank % self.tp
-        dp = (rank // self.tp) % self.dp
-        pp = rank // (self.tp * self.dp)
-        return Coords(pp=pp, dp=dp, tp=tp)
+        return Coords(*self.layout.coords(rank))
 
     def rank_of(self, pp: int, dp: int, tp: int) -> int:
-        return (pp * self.dp + dp) * self.tp + tp
+        return self.layout.rank_of(pp, dp, tp)
 
     def group_ranks(self, name: str) -> list[list[int]]:
-        """Every group of the given kind, as lists of global ranks."""
-        r = range
-        if name == "tp":
-            return [[self.rank_of(p, d, t) for t in r(self.tp)] for p in r(self.pp) for d in r(self.dp)]
-        if name == "dp":
-            return [[self.rank_of(p, d, t) for d in r(self.dp)] for p in r(self.pp) for t in r(self.tp)]
-        if name == "pp":
-            return [[self.rank_of(p, d, t) for p in r(self.pp)] for d in r(self.dp) for t in r(self.tp)]
-        if name == "world":
-            return [list(r(self.world_size))]
-        raise KeyError(f"unknown group kind '{name}'")
+        """Every group of the given kind (tp, dp, pp, world), as lists of global ranks."""
+        return self.layout.group_ranks(name)
 
     def peers(self, name: str, rank: int) -> list[int]:
         """The members of `rank`'s group of the given kind."""
-        return next(g for g in self.group_ranks(name) if rank in g)
+        return self.layout.group_of(name, rank)
 
     def build_groups(self, method: str = "local") -> None:
         """Create the tp/dp/pp groups (size-1 groups too, so callers never special-case a degree of 1).
@@ -79,12 +75,7 @@ class ParallelDims:
                                                group_desc=f"megascope_{name}")
 
     def topology(self, hosts: list[str] | None = None, local_ranks: list[int] | None = None) -> dict:
-        """The topology block of run.json."""
-        ranks = []
-        for rank in range(self.world_size):
-            c = self.coords(rank)
-            ranks.append({"rank": rank, "pp": c.pp, "dp": c.dp, "tp": c.tp,
-                          "host": hosts[rank] if hosts else "localhost",
-                          "local_rank": local_ranks[rank] if local_ranks else rank})
-        return {"world": self.world_size, "dp": self.dp, "tp": self.tp, "pp": self.pp,
-                "vpp": self.vpp, "ranks": ranks}
+        """The topology block of run.json (one process per rank on localhost unless told otherwise)."""
+        world = range(self.world_size)
+        return self.layout.topology(world, hosts={r: hosts[r] if hosts else "localhost" for r in world},
+                                    local_ranks={r: local_ranks[r] if local_ranks else r for r in world})

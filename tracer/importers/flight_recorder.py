@@ -28,7 +28,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from megascope.tracer.importers.layout import Layout, layout_from_sizes
+from megascope.tracer.importers.layout import layout_from_sizes
+from megascope.tracer.layout import Layout
 from megascope.tracer.importers.writer import ImportInputError, RunWriter
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,

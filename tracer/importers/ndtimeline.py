@@ -24,7 +24,8 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from megascope.tracer.importers.layout import Layout, sizes_text
+from megascope.tracer.importers.layout import sizes_text
+from megascope.tracer.layout import Layout
 from megascope.tracer.importers.writer import ImportInputError, RunWriter
 
 REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration")

@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from megascope.tracer import run_dir as rd
-from megascope.tracer.importers.layout import Layout
+from megascope.tracer.layout import Layout
 from megascope.tracer.schema import EVENTS, KERNELS, SCHEMA_VERSION, STEPS
 from megascope.tracer.sink import ParquetSegmentSink
 

@@ -14,6 +14,7 @@ its onset within 3 steps. Any other finding is a false positive.
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -130,8 +131,10 @@ def train(out: Path, case: Case, steps: int) -> Path:
     """One real run through the `megascope` command (reused when `out` already holds one)."""
     if (out / "run.json").exists() and (out / "steps").is_dir():
         return out
+    shutil.rmtree(out, ignore_errors=True)  # a failed earlier attempt: train refuses to mix runs
+    # one attempt per case, as the suite was measured: no recovery from the injected hang
     cmd = [sys.executable, "-m", "megascope", "train", "--preset", "tiny", "--steps", str(steps),
-           "--run-dir", str(out), "--set", "trace.hang_timeout_s=5"]
+           "--run-dir", str(out), "--set", "trace.hang_timeout_s=5", "--checkpoint-every", "0", "--max-restarts", "0"]
     for k, v in case.layout.items():
         cmd += [f"--{k}", str(v)]
     if case.spec:

@@ -13,6 +13,7 @@ fi
 python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || cat "$OUT/install.log"
 nvidia-smi -L
 steps=${STEPS:-12}
+rm -rf /tmp/gpurun /tmp/gpurun-off  # train refuses a directory that already holds a run
 python3 -m megascope train --preset gpu --steps "$steps" --set trace.cupti=true --run-dir /tmp/gpurun 2>&1 | tee "$OUT/train_traced.log"
 python3 -m megascope train --preset gpu --steps "$steps" --trace off --run-dir /tmp/gpurun-off 2>&1 | tee "$OUT/train_untraced.log"
 tar czf "$OUT/gpurun.tgz" -C /tmp gpurun

@@ -6,6 +6,7 @@ failing tick is survived; on the finished run the watcher's verdict equals `mega
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -169,3 +170,16 @@ def test_cli_refuses_bad_input(tmp_path):
         assert done.returncode == 2, args
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("megascope watch: "), done.stderr
         assert done.stdout == ""
+
+
+def test_cli_on_a_finished_run_prints_the_verdict_and_exits(straggler_run, tmp_path):
+    run = tmp_path / "run"
+    shutil.copytree(straggler_run, run)
+    done = subprocess.run([sys.executable, "-m", "megascope", "watch", str(run), "--no-summary", "--poll", "0.2"],
+                          check=False, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split()[2:4] for line in lines] == [["NEW", "straggler"], ["ENDED", "straggler"],
+                                                     ["FINAL", "straggler"]]
+    assert "run over at step 19: 1 finding(s)" in done.stderr
+    assert len((run / "findings.jsonl").read_text().splitlines()) == 3

@@ -1,0 +1,116 @@
+"""Detection latency of `megascope watch`: steps from an injected fault's onset to its first alert.
+
+Each case is a simulated run (samples/simulator.py) landed one step at a time into a live directory
+(tests/watch_feed.Feeder: per-rank segments split by step, renamed into place as the tracer does), with
+one watcher poll after each step, as a watcher beside a job sees it when it keeps up. Latency = the
+watcher's last complete step when it first announced a finding of the expected kind naming the
+culprit, minus the onset. A hang has no later step: its latency is whether the first poll after
+the in-flight records landed named it. Clean runs count every finding as false.
+
+    python benchmarks/watch_latency.py [--seeds 0 1 2] [--case NAME]...
+
+Prints a Markdown table (the README's) and the seconds per tick with the load average next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megascope.analyzer.watch import WatchConfig, Watcher  # noqa: E402
+from tests.watch_feed import Feeder, simulate_steps  # noqa: E402
+
+STEPS = 30
+ONSET = 10
+
+
+@dataclass
+class Case:
+    name: str
+    layout: dict
+    inject: list[str]
+    kind: str | None
+    """Expected finding kind (None: a clean run)."""
+    culprit: int | None = None
+
+
+CASES = [
+    Case("straggler 20%", dict(dp=4, tp=1, pp=2), [f"straggler:rank=5,slowdown=0.2,from={ONSET}"], "straggler", 5),
+    Case("straggler 10%", dict(dp=4, tp=1, pp=2), [f"straggler:rank=5,slowdown=0.1,from={ONSET}"], "straggler", 5),
+    Case("late launch 15 ms every 2nd step", dict(dp=4, tp=2, pp=2),
+         [f"late_launch:rank=5,ms=15,every=2,from={ONSET}"], "late_launch", 5),
+    Case("network flap (2 of every 6 steps)", dict(dp=2, tp=1, pp=4),
+         [f"flap:ranks=1-3,down_ms=20,period_steps=6,len=2,from={ONSET}"], "network_flap", 1),
+    Case("hang", dict(dp=2, tp=2, pp=2), [f"hang:rank=5,at={ONSET}"], "hang", 5),
+    Case("clean", dict(dp=4, tp=1, pp=2), [], None),
+]
+
+
+def run_case(case: Case, seed: int, tmp: Path) -> tuple[int | None, int, list[float]]:
+    """(latency in steps or None when missed, false findings, seconds per tick)."""
+    src = simulate_steps(tmp / "src", steps=STEPS, inject=case.inject, seed=seed, **case.layout)
+    live = tmp / "live"
+    feeder = Feeder(src, live)
+    watcher = Watcher(live, WatchConfig(summary=False), out=open(os.devnull, "w"), log=lambda m: None)
+    ticks: list[float] = []
+    try:
+        while feeder.next < feeder.total:
+            feeder.feed(1)
+            t0 = time.perf_counter()
+            watcher.poll()
+            ticks.append(time.perf_counter() - t0)
+        if case.kind == "hang":
+            feeder.feed_inflight()  # the watchdog's records, once the stuck ops outlast its timeout
+            watcher.poll()
+    finally:
+        watcher.close()
+    starts = [r for r in watcher.records if r["event"] == "start"]
+    hits = [r for r in starts if r["kind"] == case.kind and case.culprit in r["ranks"]]
+    false = len([r for r in starts if r not in hits])
+    latency = None
+    if hits:
+        latency = 0 if case.kind == "hang" else hits[0]["at_step"] - ONSET
+    return latency, false, ticks
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--case", action="append", help="only these cases (by name prefix)")
+    args = parser.parse_args()
+    cases = [c for c in CASES if not args.case or any(c.name.startswith(p) for p in args.case)]
+    print("| fault (8-16 simulated ranks, onset step 10) | detected | latency (steps) | false findings |")
+    print("|---|---|---|---|")
+    all_ticks: list[float] = []
+    for case in cases:
+        latencies, missed, false = [], 0, 0
+        for seed in args.seeds:
+            with tempfile.TemporaryDirectory(prefix="watch-latency-") as tmp:
+                latency, wrong, ticks = run_case(case, seed, Path(tmp))
+            all_ticks += ticks
+            false += wrong
+            if latency is None:
+                missed += case.kind is not None
+            else:
+                latencies.append(latency)
+        n = len(args.seeds)
+        detected = "-" if case.kind is None else f"{n - missed}/{n}"
+        lat = "-" if not latencies else (f"{min(latencies)}-{max(latencies)}" if len(set(latencies)) > 1
+                                         else str(latencies[0]))
+        print(f"| {case.name} | {detected} | {lat} | {false} |", flush=True)
+    load = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else ["?"]
+    print(f"\nseconds per tick: median {statistics.median(all_ticks):.2f}, max {max(all_ticks):.2f} "
+          f"({len(all_ticks)} ticks; load average {' '.join(load)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,6 +8,11 @@
     tracer.record_step(tokens=..., loss=...)
     tracer.deactivate(); t.close()
 
+or, for a job megascope did not write (DDP, FSDP2, a plain loop):
+
+    with tracer.attach(run_dir, model=model, optimizer=opt) as t:
+        for batch in t.data(loader): ...; t.step()
+
 See docs/tracing.md (API, timing, clock alignment, failure handling) and docs/schema.md (tables).
 """
 
@@ -21,6 +26,7 @@ from typing import Any
 _EXPORTS = {
     "activate": "api", "active": "api", "deactivate": "api", "now_ns": "api", "record_step": "api",
     "set_microbatch": "api", "set_step": "api", "span": "api",
+    "attach": "attachment", "Attachment": "attachment",
     "HostClock": "clock", "ClockSyncResult": "clock_sync", "Tracer": "core",
     "LEVELS": "schedule", "every_n_steps": "schedule",
     "MemorySink": "sink", "ParquetSegmentSink": "sink", "Sink": "sink",

@@ -15,7 +15,9 @@ A tick that fails is logged, counted and retried at the next change; the watcher
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -81,13 +83,18 @@ class Watcher:
             self.sinks.append(BackgroundSink("on-finding", run_command(self.cfg.on_finding), self.log))
         self.run_id = "?"
         self._waiting = False
+        self._restore()
         self.records: list[Record] = []
         """Every record sent, in order (tests and the final summary read it)."""
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> int:
-        """Watch until the run is over (or `stop` is set / Ctrl-C); 0 on a clean stop."""
+        """Watch until the run is over, `stop` is set, or SIGINT/SIGTERM (from the main thread): the
+        tick in progress completes, then the watcher stops (a second Ctrl-C stops at once).
+        0 when the run is over or `stop` was set, 128 + the signal's number after a signal."""
         stop = stop or threading.Event()
+        caught: list[int] = []
+        restore = self._on_signals(stop, caught)
         try:
             while not stop.is_set():
                 if self.poll():
@@ -95,12 +102,32 @@ class Watcher:
                     return 0
                 stop.wait(self.cfg.poll_s)
             self.log(f"stopped at step {self.state.analyzed_step}; {len(self.tracker.open)} finding(s) open")
-            return 0
+            return 128 + caught[0] if caught else 0
         except KeyboardInterrupt:
             self.log(f"interrupted at step {self.state.analyzed_step}; {len(self.tracker.open)} finding(s) open")
             return 130
         finally:
+            restore()
             self.close()
+
+    def _on_signals(self, stop: threading.Event, caught: list[int]) -> Callable[[], None]:
+        """SIGINT/SIGTERM set `stop` (a DuckDB query interrupted mid-tick would otherwise be just
+        another failed tick); returns what puts the old handlers back."""
+        if threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def handler(signum, _frame) -> None:
+            caught.append(signum)
+            stop.set()
+            self.log("stopping after this tick (Ctrl-C again to stop now)")
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        old = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+        def restore() -> None:
+            for sig, previous in old.items():
+                signal.signal(sig, previous)
+        return restore
 
     def poll(self) -> bool:
         """One look at the run; True when it is over (finished, or idle for idle_exit_s)."""
@@ -179,6 +206,34 @@ class Watcher:
             self.server = None
 
     # ---- helpers --------------------------------------------------------------------------------
+    def _restore(self) -> None:
+        """A watcher restarted on the same run picks up the open findings from findings.jsonl, so
+        it does not page again for what it already announced (each start without its end is open)."""
+        try:
+            lines = self._findings_path().read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError):
+            return
+        skipped = 0
+        for line in lines:
+            try:
+                r = json.loads(line)
+                finding = Finding(r["kind"], list(r["ranks"]), list(r["hosts"]), (int(r["steps"][0]),
+                                  int(r["steps"][1])), float(r["severity"]), r["summary"], r.get("evidence") or {})
+                event = r["event"]
+            except (ValueError, KeyError, TypeError, IndexError):
+                skipped += 1
+                continue
+            key = key_of(finding)
+            if event == "start":
+                self.tracker.open[key] = finding
+                self.tracker.seen.add(key)
+            elif event == "end":
+                self.tracker.open.pop(key, None)
+        if skipped:
+            self.log(f"skipped {skipped} unreadable line(s) of {self._findings_path()}")
+        if self.tracker.open:
+            self.log(f"{len(self.tracker.open)} finding(s) still open from an earlier watcher of this run")
+
     def _send(self, event: str, finding: Finding, at_step: int) -> None:
         record = json_safe(dict(finding.to_dict(), event=event, at_step=int(at_step), time=now_iso(),
                                 run_id=self.run_id))

@@ -8,14 +8,18 @@ culprit, minus the onset. A hang has no later step: its latency is whether the f
 the in-flight records landed named it. Clean runs count every finding as false.
 
     python benchmarks/watch_latency.py [--seeds 0 1 2] [--case NAME]...
+    python benchmarks/watch_latency.py --cost-ranks 1024 [--cost-ranks 12288]
 
 Prints a Markdown table (the README's) and the seconds per tick with the load average next to it.
+--cost-ranks: the cost of one tick (list segments, open the run, progress, the window's detectors)
+on a finished simulated run of that many ranks (tp=8, pp=2), wall and CPU seconds, and the peak RSS.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -81,11 +85,37 @@ def run_case(case: Case, seed: int, tmp: Path) -> tuple[int | None, int, list[fl
     return latency, false, ticks
 
 
+def tick_cost(ranks: int, window: int = 32) -> None:
+    """One tick of a watcher that just caught up with a finished run of `ranks` ranks."""
+    dp = max(1, ranks // 16)
+    with tempfile.TemporaryDirectory(prefix="watch-cost-") as tmp:
+        t0 = time.perf_counter()
+        src = simulate_steps(Path(tmp) / "run", dp=dp, tp=8, pp=2, steps=window + 8, micro_batches=8)
+        sim_s = time.perf_counter() - t0
+        watcher = Watcher(src, WatchConfig(summary=False, window=window), out=open(os.devnull, "w"),
+                          log=lambda m: None)
+        wall, cpu = time.perf_counter(), time.process_time()
+        watcher.poll()
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        watcher.close()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    load = " ".join(open("/proc/loadavg").read().split()[:3])
+    print(f"| {dp * 16} | {window} | {wall:.1f} | {cpu:.1f} | {rss:.0f} | (simulated in {sim_s:.0f} s; load {load})",
+          flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--case", action="append", help="only these cases (by name prefix)")
+    parser.add_argument("--cost-ranks", type=int, action="append", help="measure one tick's cost at this size")
     args = parser.parse_args()
+    if args.cost_ranks:
+        print("| ranks | window (steps) | tick wall s | tick CPU s | peak RSS MB (process) |")
+        print("|---|---|---|---|---|")
+        for ranks in args.cost_ranks:
+            tick_cost(ranks)
+        return 0
     cases = [c for c in CASES if not args.case or any(c.name.startswith(p) for p in args.case)]
     print("| fault (8-16 simulated ranks, onset step 10) | detected | latency (steps) | false findings |")
     print("|---|---|---|---|")

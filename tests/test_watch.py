@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -183,3 +184,38 @@ def test_cli_on_a_finished_run_prints_the_verdict_and_exits(straggler_run, tmp_p
                                                      ["FINAL", "straggler"]]
     assert "run over at step 19: 1 finding(s)" in done.stderr
     assert len((run / "findings.jsonl").read_text().splitlines()) == 3
+
+
+def test_ctrl_c_stops_cleanly(tmp_path):
+    live = tmp_path / "live"  # no run.json yet: the watcher waits for the job to start
+    proc = subprocess.Popen([sys.executable, "-m", "megascope", "watch", str(live), "--poll", "0.1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert "waiting for" in proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(60)
+    finally:
+        proc.kill()
+    assert rc == 130
+    err = proc.stderr.read()
+    assert "stopped at step None" in err and "Traceback" not in err
+    assert proc.stdout.read() == ""
+
+
+def test_restarted_watcher_does_not_announce_again(straggler_run, tmp_path):
+    live = tmp_path / "live"
+    feeder = Feeder(straggler_run, live)
+    first = Watcher(live, WatchConfig(summary=False))
+    feeder.feed(ONSET + 5)
+    first.poll()
+    first.close()
+    assert [(r["event"], r["kind"]) for r in first.records] == [("start", "straggler")]
+    with (live / "findings.jsonl").open("a") as f:
+        f.write("{not json\n")  # a torn line (a full disk): skipped, said once
+    logged: list[str] = []
+    second = Watcher(live, WatchConfig(summary=False), log=logged.append)
+    follow(feeder, second)
+    second.close()
+    assert [r["event"] for r in second.records] == ["end", "final"]
+    assert any("skipped 1 unreadable line" in m for m in logged)
+    assert any("1 finding(s) still open" in m for m in logged)

@@ -1,10 +1,10 @@
 """`megascope watch RUN`: live diagnosis beside a running job.
 
 Each poll lists the run's segments and in-flight records; when they changed, one tick:
-1. opens the whole run, reads how far it got (watch_window.progress_of) and extends the persisted
-   rank-step summary from the new steps only (summary_cache.py), so the dashboard's heatmap is current;
-2. when the last complete step advanced (or hang records appeared), runs the default detectors over a
-   window of the last `window` complete steps (watch_window.analyze_window);
+1. reads how far the run got from the new steps segments only (watch_window.ProgressFollower);
+2. when the last complete step advanced, extends the persisted rank-step summary from the new steps
+   only (summary_cache.py), so the dashboard's heatmap is current, and (also when hang records
+   appeared) runs the default detectors over the last `window` complete steps (analyze_window);
 3. compares those findings with the open ones (watch_tracker.Tracker) and sends each start and end to
    the sinks (watch_sinks: stdout, RUN/findings.jsonl, webhook, command), updates the metrics.
 When the run is finished (every rank recorded run.json's last step) or has been idle for
@@ -34,7 +34,7 @@ from megascope.analyzer.watch_metrics import WatchMetrics
 from megascope.analyzer.watch_sinks import (BackgroundSink, JsonlSink, Record, StdoutSink, now_iso, post_json,
                                             run_command)
 from megascope.analyzer.watch_tracker import Tracker, key_of
-from megascope.analyzer.watch_window import Progress, analyze_full, analyze_window, progress_of
+from megascope.analyzer.watch_window import Progress, ProgressFollower, analyze_full, analyze_window
 from megascope.tracer import run_dir as rd
 
 FINDINGS_FILE = "findings.jsonl"
@@ -75,6 +75,7 @@ class Watcher:
         self.tracker = Tracker()
         self.state = WatchState()
         self.metrics: WatchMetrics | None = None
+        self.follower: ProgressFollower | None = None
         self.server = None
         self.sinks: list[Any] = [StdoutSink(out), JsonlSink(self.cfg.findings_file or self.path / FINDINGS_FILE)]
         if self.cfg.webhook:
@@ -160,12 +161,10 @@ class Watcher:
         return idle is not None and progress is not None and now - self.state.changed_at >= idle
 
     def tick(self, inflight: frozenset, new_segments: frozenset) -> None:
-        store = Store(self.path, threads=self.cfg.threads)
-        self._start_metrics(store)
-        progress = progress_of(store)
+        follower = self._start()
+        follower.add(new_segments)
+        progress = follower.progress()
         self.state.progress = progress
-        if self.cfg.summary and progress.complete_step is not None:
-            Run(store).refresh_summary()
         m = self.metrics
         m.dropped.set(progress.dropped_events)
         m.finished.set(1 if progress.finished else 0)
@@ -174,6 +173,8 @@ class Watcher:
             return
         if step != self.state.analyzed_step:
             m.step_advanced(step)
+            if self.cfg.summary:  # the dashboard's heatmap: extended from the new steps only
+                Run.open(self.path, threads=self.cfg.threads).refresh_summary()
         window = analyze_window(self.path, step - self.cfg.window + 1, step, self.cfg.threads)
         self.state.analyzed_step, self.state.inflight = step, inflight
         for change in self.tracker.update(window.findings, step):
@@ -259,14 +260,17 @@ class Watcher:
             m.stage(int(row.pp), float(row.p50_s), float(row.max_s))
         m.open_findings(list(self.tracker.open.values()))
 
-    def _start_metrics(self, store: Store) -> None:
-        if self.metrics is not None:
-            return
-        self.run_id = str(store.manifest.get("run_id") or self.path.name)
-        self.metrics = WatchMetrics(self.run_id)
-        if self.cfg.metrics_port is not None:
-            self.server = self.metrics.serve(self.cfg.metrics_port)
-            self.log(f"metrics on http://127.0.0.1:{self.server.server_port}/metrics")
+    def _start(self) -> ProgressFollower:
+        """At the first tick: check the run opens (RunOpenError otherwise), start the metrics."""
+        if self.follower is None:
+            store = Store(self.path, threads=self.cfg.threads)
+            self.run_id = str(store.manifest.get("run_id") or self.path.name)
+            self.metrics = WatchMetrics(self.run_id)
+            if self.cfg.metrics_port is not None:
+                self.server = self.metrics.serve(self.cfg.metrics_port)
+                self.log(f"metrics on http://127.0.0.1:{self.server.server_port}/metrics")
+            self.follower = ProgressFollower(self.path, store.manifest)
+        return self.follower
 
     def _findings_path(self) -> Path:
         return self.cfg.findings_file or self.path / FINDINGS_FILE

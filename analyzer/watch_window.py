@@ -9,10 +9,13 @@ segments) is the Store's own.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.mfu import mfu_timeline
@@ -36,17 +39,44 @@ class Progress:
         return self.last_step is not None and self.complete_step is not None and self.complete_step >= self.last_step
 
 
-def progress_of(store: Store) -> Progress:
-    rows = store.query("""SELECT rank, max(step) AS last, sum(dropped_events) AS dropped
-                          FROM steps GROUP BY rank""")
-    steps = ((store.manifest.get("config") or {}).get("train") or {}).get("steps")
-    last_step = int(steps) - 1 if isinstance(steps, int) and steps > 0 else None
-    if rows.empty:
-        return Progress(None, 0, last_step, 0)
-    world = len(store.topology)
-    # a rank with no steps at all yet holds every step back: complete means all the layout's ranks
-    complete = int(rows["last"].min()) if len(rows) >= world else None
-    return Progress(complete, len(rows), last_step, int(rows.dropped.fillna(0).sum()))
+class ProgressFollower:
+    """Each rank's last recorded step and the dropped-event count, from the steps segments that landed
+    since the last look (segments are immutable once renamed into place, tracer/sink.py): a tick reads
+    only the new ones, so its cost does not grow with the run's length. After an elastic restart a
+    rank's last step stays its highest until the new attempt passes it."""
+
+    def __init__(self, path: Path, manifest: dict) -> None:
+        self.path = path
+        topology = manifest.get("topology") or {}
+        self.world = int(topology.get("world") or len(topology.get("ranks") or []) or 0)
+        steps = ((manifest.get("config") or {}).get("train") or {}).get("steps")
+        self.last_step = int(steps) - 1 if isinstance(steps, int) and steps > 0 else None
+        self.last: dict[int, int] = {}
+        self.dropped = 0
+        self.seen: set[str] = set()
+        self.unreadable: list[str] = []
+        """Steps segments that could not be read (damaged): the analysis drops them with a warning."""
+
+    def add(self, segments: Iterable[str]) -> None:
+        """Take in new segments (relative paths; events segments and known ones are ignored)."""
+        for rel in sorted(s for s in segments if s.startswith("steps/") and s not in self.seen):
+            self.seen.add(rel)
+            try:
+                table = pq.read_table(self.path / rel, columns=["rank", "step", "dropped_events"])
+            except (OSError, ValueError, pa.ArrowException):
+                self.unreadable.append(rel)
+                continue
+            if not table.num_rows:
+                continue
+            frame = table.to_pandas()
+            for rank, step in frame.groupby("rank").step.max().items():
+                self.last[int(rank)] = max(int(step), self.last.get(int(rank), int(step)))
+            self.dropped += int(frame.dropped_events.fillna(0).sum())
+
+    def progress(self) -> Progress:
+        # a rank with no steps at all yet holds every step back: complete means all the layout's ranks
+        complete = min(self.last.values()) if self.last and len(self.last) >= self.world else None
+        return Progress(complete, len(self.last), self.last_step, self.dropped)
 
 
 class WindowStore(Store):

@@ -219,3 +219,16 @@ def test_restarted_watcher_does_not_announce_again(straggler_run, tmp_path):
     assert [r["event"] for r in second.records] == ["end", "final"]
     assert any("skipped 1 unreadable line" in m for m in logged)
     assert any("1 finding(s) still open" in m for m in logged)
+
+
+def test_damaged_segment_is_survived(straggler_run, tmp_path):
+    live = tmp_path / "live"
+    feeder = Feeder(straggler_run, live)
+    feeder.feed(ONSET + 5)
+    (live / "steps" / "rank=00002" / "seg-999999.parquet").write_bytes(b"PAR1 truncated")
+    watcher = Watcher(live, WatchConfig(summary=False), log=lambda m: None)
+    follow(feeder, watcher)
+    watcher.close()
+    assert watcher.follower.unreadable == ["steps/rank=00002/seg-999999.parquet"]
+    assert [(r["event"], r["kind"], r["ranks"]) for r in watcher.records] == [
+        ("start", "straggler", [5]), ("end", "straggler", [5]), ("final", "straggler", [5])]

@@ -99,8 +99,7 @@ class Watcher:
         try:
             while not stop.is_set():
                 if self.poll():
-                    self.finish()
-                    return 0
+                    return self._finish_logged()
                 stop.wait(self.cfg.poll_s)
             self.log(f"stopped at step {self.state.analyzed_step}; {len(self.tracker.open)} finding(s) open")
             return 128 + caught[0] if caught else 0
@@ -182,6 +181,17 @@ class Watcher:
         self._window_metrics(window, step)
         m.ticks.inc()
         m.lag.set(max(0.0, time.time() - max((_mtime(self.path / p) for p in new_segments), default=time.time())))
+
+    def _finish_logged(self) -> int:
+        try:
+            self.finish()
+            return 0
+        except RunOpenError:
+            raise
+        except Exception as exc:  # the live records stand; only the verdict is missing
+            self.log(f"the final analysis failed ({type(exc).__name__}: {exc}); "
+                     f"run `megascope analyze {self.path}` for the verdict")
+            return 1
 
     def finish(self) -> None:
         """The run is over: the full analysis's verdict (equal to `megascope analyze`)."""

@@ -24,6 +24,7 @@ from megascope.analyzer.findings import Finding
 from megascope.analyzer.report import json_safe
 from megascope.analyzer.summary_cache import is_current
 from megascope.analyzer.watch import WatchConfig, Watcher
+from megascope.analyzer.watch_sinks import BackgroundSink, post_json
 from megascope.analyzer.watch_tracker import Tracker
 from tests.watch_feed import Feeder, simulate_steps
 
@@ -232,3 +233,33 @@ def test_damaged_segment_is_survived(straggler_run, tmp_path):
     assert watcher.follower.unreadable == ["steps/rank=00002/seg-999999.parquet"]
     assert [(r["event"], r["kind"], r["ranks"]) for r in watcher.records] == [
         ("start", "straggler", [5]), ("end", "straggler", [5]), ("final", "straggler", [5])]
+
+
+def test_webhook_retries_until_the_endpoint_answers():
+    answers = iter([500, 503, 204])
+    got: list[dict] = []
+
+    class Flaky(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            code = next(answers)
+            if code == 204:
+                got.append(body)
+            self.send_response(code)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    logged: list[str] = []
+    sink = BackgroundSink("webhook", post_json(f"http://127.0.0.1:{server.server_port}/"), logged.append,
+                          first_delay_s=0.05)
+    try:
+        sink.send({"event": "start", "kind": "straggler"})
+        sink.close(timeout_s=30)
+    finally:
+        server.shutdown()
+    assert got == [{"event": "start", "kind": "straggler"}]
+    assert (sink.delivered, sink.failed, logged) == (1, 0, [])

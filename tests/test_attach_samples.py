@@ -10,6 +10,11 @@ log ratio of the two ranks' forward+backward time has a standard deviation of 0.
 the run); a 100 ms sleep on ~45 ms of contended work shifts it by 1.7-2.1 (6 sigma or more), where
 40 ms shifted it by only 0.33-1.12 (the sleeping rank frees the shared core for its peer) and was
 found in 1 of 3 runs.
+Pinned clean runs still see co-tenants preempt one rank now and then: in 1 of 6 clean DDP runs (load
+7-14) rank 1 paused 2-6 ms on 4 of 22 steps (between forward and backward, before the optimizer),
+and the analyzer reported a late launch of severity 1.09 (own time 9% above its peer's); the late
+launches it reported beside true stragglers were 1.03-1.18, the stragglers themselves 4-8. A
+clean run may therefore show a late launch below severity LATE_NOISE, and nothing else.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOW = ["--slow-rank", "1", "--slow-ms", "100", "--slow-from", "8"]
+LATE_NOISE = 1.5
+"""Late launches below this severity are host preemption on the shared machine (measured 1.03-1.18)."""
 
 
 def _one_cpu() -> None:
@@ -54,7 +61,8 @@ def _analyze(run_dir: Path) -> list[dict]:
 def test_clean_run_has_no_findings(tmp_path, sample):
     _torchrun(sample, tmp_path / "run")
     found = _analyze(tmp_path / "run")
-    assert found == [], [(f["kind"], f["ranks"], f["steps"], f["summary"]) for f in found]
+    real = [f for f in found if not (f["kind"] == "late_launch" and f["severity"] < LATE_NOISE)]
+    assert real == [], [(f["kind"], f["ranks"], f["steps"], f["severity"], f["summary"]) for f in found]
 
 
 @pytest.mark.parametrize("sample", ["ddp_loop.py", "fsdp2_loop.py"])
@@ -62,7 +70,7 @@ def test_slow_rank_is_named_the_straggler(tmp_path, sample):
     _torchrun(sample, tmp_path / "run", *SLOW)
     found = _analyze(tmp_path / "run")
     stragglers = [f for f in found if f["kind"] == "straggler"]
-    assert [f["ranks"] for f in stragglers] == [[1]], [(f["kind"], f["ranks"], f["steps"]) for f in found]
+    assert [f["ranks"] for f in stragglers] == [[1]], [(f["kind"], f["ranks"], f["steps"], f["severity"]) for f in found]
     assert 6 <= stragglers[0]["steps"][0] <= 9  # slowed from step 8
 
 

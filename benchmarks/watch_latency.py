@@ -18,6 +18,8 @@ on a finished simulated run of that many ranks (tp=8, pp=2), wall and CPU second
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import resource
 import statistics
@@ -30,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megascope.analyzer.watch import WatchConfig, Watcher  # noqa: E402
+from tests.independent_gen import GenSpec, HostPause, Noise, SlowRank, import_run  # noqa: E402
 from tests.watch_feed import Feeder, simulate_steps  # noqa: E402
 
 STEPS = 30
@@ -44,6 +47,18 @@ class Case:
     kind: str | None
     """Expected finding kind (None: a clean run)."""
     culprit: int | None = None
+    gen: GenSpec | None = None
+    """A trace from tests/independent_gen.py (shares nothing with the simulator), imported with
+    `megascope import ndtimeline`, instead of a simulated run."""
+
+
+# held-out traces: heavy-tailed compute noise, GC pauses and p2p jitter (the accuracy suite's style)
+HELD_OUT_NOISE = Noise(kind="student_t", sigma=0.03, gc_prob=0.05, gc_s=0.004, p2p_sigma=0.2)
+HELD_OUT = GenSpec(dp=4, tp=1, pp=2, steps=STEPS, micro=4, noise=HELD_OUT_NOISE)
+
+
+def held_out(*faults) -> GenSpec:
+    return GenSpec(**{**HELD_OUT.__dict__, "faults": list(faults)})
 
 
 CASES = [
@@ -55,12 +70,21 @@ CASES = [
          [f"flap:ranks=1-3,down_ms=20,period_steps=6,len=2,from={ONSET}"], "network_flap", 1),
     Case("hang", dict(dp=2, tp=2, pp=2), [f"hang:rank=5,at={ONSET}"], "hang", 5),
     Case("clean", dict(dp=4, tp=1, pp=2), [], None),
+    Case("held-out trace: straggler 1.3x", {}, [], "straggler", HELD_OUT.rank(1, 1),
+         held_out(SlowRank(dp=1, stage=1, fwd=1.3, bwd=1.3, first=ONSET))),
+    Case("held-out trace: host pauses 20 ms (p=0.5)", {}, [], "late_launch", HELD_OUT.rank(2, 0),
+         held_out(HostPause(dp=2, stage=0, prob=0.5, pause_s=0.02, first=ONSET))),
+    Case("held-out trace: clean", {}, [], None, None, held_out()),
 ]
 
 
 def run_case(case: Case, seed: int, tmp: Path) -> tuple[int | None, int, list[float]]:
     """(latency in steps or None when missed, false findings, seconds per tick)."""
-    src = simulate_steps(tmp / "src", steps=STEPS, inject=case.inject, seed=seed, **case.layout)
+    if case.gen is not None:
+        with contextlib.redirect_stdout(io.StringIO()):  # the importer's "imported N ranks" line
+            src = import_run(GenSpec(**{**case.gen.__dict__, "seed": seed}), tmp / "gen")
+    else:
+        src = simulate_steps(tmp / "src", steps=STEPS, inject=case.inject, seed=seed, **case.layout)
     live = tmp / "live"
     feeder = Feeder(src, live)
     watcher = Watcher(live, WatchConfig(summary=False), out=open(os.devnull, "w"), log=lambda m: None)
@@ -117,7 +141,7 @@ def main() -> int:
             tick_cost(ranks)
         return 0
     cases = [c for c in CASES if not args.case or any(c.name.startswith(p) for p in args.case)]
-    print("| fault (8-16 simulated ranks, onset step 10) | detected | latency (steps) | false findings |")
+    print("| fault (8-16 ranks, onset step 10) | detected | latency (steps) | false findings |")
     print("|---|---|---|---|")
     all_ticks: list[float] = []
     for case in cases:

@@ -10,6 +10,8 @@ block of `steps` steps back to back (order alternating), so slow drifts of a sha
 cancel; the tracer's threads run during both. Prints, for rank 0, step time, training-thread CPU and
 process CPU as on/off = ratio of the means over all rounds with a 95% bootstrap interval over rounds
 and the median of per-round ratios (benchmarks/tracer_overhead.py's method), and events per step.
+`--variant python-hook` measures the reference: "on" is DDP with torch's own default all-reduce hook
+(a Python communication hook, as attach's) and no megascope.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -54,7 +57,9 @@ def job(rank: int, world: int, args: argparse.Namespace, run_dir: str) -> dict:
     for _ in range(args.warmup):
         _step(off, opt_off, *batch[0])
     rounds: list[dict[str, list[float]]] = []
-    with tracer.attach(run_dir, model=on, optimizer=opt_on, config=TraceConfig(nvml=False)) as t:
+    if args.variant == "python-hook":  # reference: DDP's own default hook, in Python, no megascope
+        on.register_comm_hook(None, allreduce_hook)
+    with _attached(args.variant, run_dir, on, opt_on) as t:
         for _ in range(args.warmup):
             for x, y in t.data(batch):
                 t.step(loss=_step(on, opt_on, x, y))
@@ -77,6 +82,30 @@ def job(rank: int, world: int, args: argparse.Namespace, run_dir: str) -> dict:
     return {"rounds": rounds, "events": events, "on_steps": t.current_step}
 
 
+class _Untraced:
+    """Stands in for an Attachment (variant python-hook): data() and step() do nothing extra."""
+
+    current_step = 0
+
+    def __enter__(self) -> "_Untraced":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def data(self, batch: list) -> list:
+        return batch
+
+    def step(self, **kwargs: object) -> None:
+        self.current_step += 1
+
+
+def _attached(variant: str, run_dir: str, model: torch.nn.Module, opt: torch.optim.Optimizer):
+    if variant == "python-hook":
+        return _Untraced()
+    return tracer.attach(run_dir, model=model, optimizer=opt, config=TraceConfig(nvml=False))
+
+
 def _rows(run_dir: str, rank: int):
     import pyarrow.parquet as pq
 
@@ -92,13 +121,16 @@ def main() -> None:
     p.add_argument("--width", type=int, default=384)
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--batch", type=int, default=256)
+    p.add_argument("--variant", choices=["attach", "python-hook"], default="attach",
+                   help="on = attached (default), or DDP with torch's default Python all-reduce hook and no "
+                        "megascope (the cost of a Python communication hook alone)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         result = run_distributed(job, 2, args, str(Path(tmp) / "run"), timeout=3600)[0]
     rounds = result["rounds"]
     per_step = result["events"] / max(result["on_steps"], 1)
     print(f"job: samples/ddp_loop.py's model (width {args.width}, depth {args.depth}, batch {args.batch}), "
-          f"DDP on 2 gloo ranks; {args.rounds} rounds x {args.steps} steps per mode, interleaved; rank 0; "
+          f"DDP on 2 gloo ranks; on = {args.variant}; {args.rounds} rounds x {args.steps} steps per mode, interleaved; rank 0; "
           f"{per_step:.1f} events/step")
     print("| statistic | off (ms) | on (ms) | on/off (95% CI) | overhead % | median of per-round ratios |")
     print("|---|---:|---:|---:|---:|---:|")

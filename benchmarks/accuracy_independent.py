@@ -6,7 +6,7 @@ workers), two faults at once, random workload imbalance with and without a strag
 imbalance, and runs of 1,000+ steps (a sustained slowdown under heavy per-step noise, and its clean
 twin).
 
-    python benchmarks/accuracy_independent.py [--seeds tuned|held-out|both] [--case NAME]...
+    python benchmarks/accuracy_independent.py [--seeds tuned|held-out|both] [--seed N]... [--case NAME]...
 
 Seeds: the detector was tuned on the TUNED seeds only; the HELD_OUT seeds were run once, after the
 changes, and are reported separately. A detection counts when a finding of the expected kind names
@@ -208,8 +208,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", choices=["tuned", "held-out", "both"], default="both")
     ap.add_argument("--case", action="append", help="run only these cases (repeatable)")
+    ap.add_argument("--seed", action="append", type=int, help="run these seeds instead (a fresh held-out set)")
     args = ap.parse_args()
     suites = []
+    if args.seed:
+        args.seeds = "none"
+        suites.append((f"seeds {args.seed}", args.seed))
     if args.seeds in ("tuned", "both"):
         suites.append((f"tuned seeds {TUNED}", TUNED))
     if args.seeds in ("held-out", "both"):

@@ -1,5 +1,5 @@
 """The stretch statistics of analyzer/episodes.py: the binomial chance of a stretch of flagged steps
-and the CUSUM that proposes sustained stretches."""
+and the CUSUM that proposes sustained stretches, with the change point that places their onset."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from megascope.analyzer.episodes import binomial_tail, cusum_stretches
+from megascope.analyzer.stragglers import change_point
 
 
 def test_binomial_tail_matches_enumeration():
@@ -40,3 +41,11 @@ def test_cusum_finds_a_sustained_shift_and_ignores_outliers():
 def test_cusum_on_noise_alone_stays_quiet():
     rng = np.random.default_rng(1)
     assert cusum_stretches(rng.normal(0.0, 1.0, 5000), drift=0.75, clip=3.0, h=10.0) == []
+
+
+def test_change_point_finds_the_onset_not_the_middle():
+    rng = np.random.default_rng(2)
+    z = rng.standard_t(3, 1000)              # heavy-tailed noise
+    z[300:] += 1.5
+    (a, b), = cusum_stretches(z, drift=0.25, clip=3.0, h=10.0)
+    assert abs(change_point(z, a, b, 20) - 300) <= 8

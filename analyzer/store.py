@@ -91,7 +91,7 @@ class Store:
         self.con.register("_topology_df", self.topology)
         self.con.execute("CREATE TEMP TABLE topology AS SELECT * FROM _topology_df")
         self.con.unregister("_topology_df")
-        self.files = {t: _segments(self.path, t) for t in TABLES}
+        self.files = {t: self._list_segments(t) for t in TABLES}
         self._all_files = {t: list(fs) for t, fs in self.files.items()}  # damaged ones included        # cached footers make repeated queries (dashboard) faster, but on 10^5 segments the cache
         # (~20 KB a file) would take GBs for files the event pass reads once
         cache = sum(len(f) for f in self.files.values()) <= METADATA_CACHE_MAX_FILES
@@ -113,6 +113,10 @@ class Store:
             self._find_attempts(times)
         if not self.files["events"] and not self.files["steps"]:
             self.warnings.append("the run has no readable events or steps segments yet")
+
+    def _list_segments(self, table: str) -> list[str]:
+        """The segments the views read (a subclass may keep fewer: `megascope watch`'s window)."""
+        return _segments(self.path, table)
 
     def _find_attempts(self, restart_times: list[int] | None) -> None:
         """Per-rank restart bounds (attempts.py) from the unfiltered steps view; when there are any,

@@ -34,7 +34,8 @@ from megascope.analyzer.watch_metrics import WatchMetrics
 from megascope.analyzer.watch_sinks import (BackgroundSink, JsonlSink, Record, StdoutSink, now_iso, post_json,
                                             run_command)
 from megascope.analyzer.watch_tracker import Tracker, key_of
-from megascope.analyzer.watch_window import Progress, ProgressFollower, analyze_full, analyze_window
+from megascope.analyzer.watch_window import (Progress, ProgressFollower, SegmentSteps, analyze_full,
+                                             analyze_window)
 from megascope.tracer import run_dir as rd
 
 FINDINGS_FILE = "findings.jsonl"
@@ -76,6 +77,7 @@ class Watcher:
         self.state = WatchState()
         self.metrics: WatchMetrics | None = None
         self.follower: ProgressFollower | None = None
+        self.segment_steps = SegmentSteps()
         self.server = None
         self.sinks: list[Any] = [StdoutSink(out), JsonlSink(self.cfg.findings_file or self.path / FINDINGS_FILE)]
         if self.cfg.webhook:
@@ -174,7 +176,7 @@ class Watcher:
             m.step_advanced(step)
             if self.cfg.summary:  # the dashboard's heatmap: extended from the new steps only
                 Run.open(self.path, threads=self.cfg.threads).refresh_summary()
-        window = analyze_window(self.path, step - self.cfg.window + 1, step, self.cfg.threads)
+        window = analyze_window(self.path, step - self.cfg.window + 1, step, self.cfg.threads, self.segment_steps)
         self.state.analyzed_step, self.state.inflight = step, inflight
         for change in self.tracker.update(window.findings, step):
             self._send(change.event, change.finding, change.at_step)

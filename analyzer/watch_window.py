@@ -79,13 +79,70 @@ class ProgressFollower:
         return Progress(complete, len(self.last), self.last_step, self.dropped)
 
 
+class SegmentSteps:
+    """The step range of each events and steps segment, read once from its Parquet statistics
+    (segments never change once renamed into place), so a window opens only the segments it needs."""
+
+    def __init__(self) -> None:
+        self.ranges: dict[str, tuple[int, int] | None] = {}
+
+    def meets(self, path: str, first: int, last: int) -> bool:
+        """Whether the segment may hold a step in [first, last] (unknown range: it may)."""
+        if path not in self.ranges:
+            self.ranges[path] = _step_range(path)
+        r = self.ranges[path]
+        return r is None or (r[0] <= last and r[1] >= first)
+
+
+def _step_range(path: str) -> tuple[int, int] | None:
+    """(min, max) step of a segment from its row groups' statistics; None when it has none or cannot
+    be read (a damaged segment: the Store drops it with a warning)."""
+    try:
+        meta = pq.read_metadata(path)
+        column = meta.schema.to_arrow_schema().get_field_index("step")
+        lows, highs = [], []
+        for i in range(meta.num_row_groups):
+            stats = meta.row_group(i).column(column).statistics
+            if stats is None or not stats.has_min_max:
+                return None
+            lows.append(int(stats.min))
+            highs.append(int(stats.max))
+    except (OSError, ValueError, pa.ArrowException):
+        return None
+    return (min(lows), max(highs)) if lows else None
+
+
 class WindowStore(Store):
     """A Store whose events and steps hold only steps [first, last]: every view and per-rank source
-    goes through Store._latest, so the cut applies to the event pass's batches too."""
+    goes through Store._latest, so the cut applies to the event pass's batches too. With a
+    SegmentSteps index it also opens only the segments that meet the window, so a tick late in a long
+    run does not read the footers of every segment the run ever wrote."""
 
-    def __init__(self, path: str | Path, first: int, last: int, threads: int | None = None) -> None:
+    PRUNE_SHARE = 0.5
+    """Prune only when it leaves at most this share of the segments: DuckDB binds a glob of all
+    segments faster than an explicit list of nearly all of them (store.py: _make_view)."""
+
+    def __init__(self, path: str | Path, first: int, last: int, threads: int | None = None,
+                 index: SegmentSteps | None = None) -> None:
         self.window = (int(first), int(last))
+        self.index = index
+        self.pruned: set[str] = set()
         super().__init__(path, threads=threads)
+
+    def _list_segments(self, table: str) -> list[str]:
+        files = super()._list_segments(table)
+        if self.index is None or table not in ("events", "steps"):
+            return files
+        kept = [f for f in files if self.index.meets(f, *self.window)]
+        if len(kept) > self.PRUNE_SHARE * len(files):
+            return files
+        self.pruned.add(table)
+        return kept
+
+    def _make_view(self, table: str) -> None:
+        if table in self.pruned:  # an explicit list of the window's segments, not a glob of all
+            self._excluded.add(table)
+        super()._make_view(table)
 
     def _latest(self, table: str, select: str) -> str:
         inner = super()._latest(table, select)
@@ -105,9 +162,10 @@ class WindowResult:
     warnings: list[str]
 
 
-def analyze_window(path: Path, first: int, last: int, threads: int | None = None) -> WindowResult:
+def analyze_window(path: Path, first: int, last: int, threads: int | None = None,
+                   index: SegmentSteps | None = None) -> WindowResult:
     """The default detectors (Run.findings: stragglers, flaps, imbalance, hang) over steps [first, last]."""
-    run = Run(WindowStore(path, first, last, threads=threads))
+    run = Run(WindowStore(path, first, last, threads=threads, index=index))
     findings = run.findings()
     per_step = mfu_timeline(run.store).per_step
     per_stage = run.store.query("""SELECT pp, quantile_cont(step_time_s, 0.5) AS p50_s, max(step_time_s) AS max_s

@@ -26,6 +26,7 @@ from megascope.analyzer.summary_cache import is_current
 from megascope.analyzer.watch import WatchConfig, Watcher
 from megascope.analyzer.watch_sinks import BackgroundSink, post_json
 from megascope.analyzer.watch_tracker import Tracker
+from megascope.analyzer.watch_window import SegmentSteps, WindowStore
 from tests.watch_feed import Feeder, simulate_steps
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "report.schema.json").read_text())
@@ -263,3 +264,19 @@ def test_webhook_retries_until_the_endpoint_answers():
         server.shutdown()
     assert got == [{"event": "start", "kind": "straggler"}]
     assert (sink.delivered, sink.failed, logged) == (1, 0, [])
+
+
+def test_window_opens_only_its_segments_and_sees_the_same_rows(straggler_run, tmp_path):
+    live = tmp_path / "live"
+    Feeder(straggler_run, live).feed(20)  # one segment per rank and step
+    pruned = Run(WindowStore(live, ONSET - 2, ONSET + 6, index=SegmentSteps()))
+    whole = Run(WindowStore(live, ONSET - 2, ONSET + 6))
+    assert pruned.store.pruned == {"events", "steps"} and not whole.store.pruned
+    names = sorted({Path(f).name for f in pruned.store.files["steps"]})
+    assert names == [f"seg-{s:06d}.parquet" for s in range(ONSET - 2, ONSET + 7)]
+    assert len(whole.store.files["steps"]) == 20 * 8
+    a, b = pruned.rank_steps(), whole.rank_steps()
+    assert len(a) == 9 * 8 and a.equals(b)
+    found = [f.to_dict() for f in pruned.findings()]
+    assert found == [f.to_dict() for f in whole.findings()]
+    assert [(f["kind"], f["ranks"]) for f in found] == [("straggler", [5])]

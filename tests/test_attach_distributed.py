@@ -56,6 +56,9 @@ def _intercepted_job(rank: int, world: int, run_dir: str) -> dict:
         ops = [dist.P2POp(dist.isend, torch.ones(5), peer), dist.P2POp(dist.irecv, torch.zeros(5), peer)]
         for w in dist.batch_isend_irecv(ops):
             w.wait()
+        ops = [dist.P2POp(dist.isend, torch.ones(5), peer), dist.P2POp(dist.irecv, torch.zeros(5), peer)]
+        for w in comm.batch_isend_irecv(ops, "dp", names=["send_x", "recv_x"]):  # recorded by comm alone
+            w.wait()
         t.step()
     dist.all_reduce(torch.ones(1))  # after close: untraced
     results["restored"] = all(getattr(c10d, n) is f and getattr(dist, n) is f for n, f in ORIGINALS.items())
@@ -77,7 +80,9 @@ def test_intercepted_calls_are_recorded_once_with_group_seq_peer_bytes(tmp_path)
         single = [("send", 1, 0, 12, 1), ("send", 1, 1, 12, 1)] if rank == 0 else \
             [("recv", 0, 0, 12, 1), ("recv", 0, 1, 12, 1)]
         batch = [("send", 1 - rank, 2 if rank == 0 else 0, 20, 1), ("recv", 1 - rank, 0 if rank == 0 else 2, 20, 1)]
-        assert sorted(p2p) == sorted(single + batch)
+        # megascope's own batch: its names, the same per-direction seq (k-th send A->B = k-th recv on B)
+        own = [("send_x", 1 - rank, 3 if rank == 0 else 1, 20, 1), ("recv_x", 1 - rank, 1 if rank == 0 else 3, 20, 1)]
+        assert sorted(p2p) == sorted(single + batch + own)
         assert all(e["group"] == "dp" for e in events if e["kind"] == "p2p")
         assert all(e["issue_ns"] <= e["start_ns"] <= e["end_ns"] for e in events)
     # the async all-reduce: enqueued (start) after it was asked for (issue), ended at completion

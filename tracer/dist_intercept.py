@@ -83,11 +83,12 @@ class TracedFunction:
         self.__signature__ = inspect.signature(original)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if (api._active is None or _state.busy
-                or sys._getframe(1).f_globals.get("__name__") in _UNTRACED_CALLERS):
+        if api._active is None or _state.busy:
             return self.__wrapped__(*args, **kwargs)
-        _state.busy = True
+        _state.busy = True  # also for untraced callers: comm.batch_isend_irecv's inner isend calls pass
         try:
+            if sys._getframe(1).f_globals.get("__name__") in _UNTRACED_CALLERS:
+                return self.__wrapped__(*args, **kwargs)
             return self._handler(self.__wrapped__, args, kwargs)
         finally:
             _state.busy = False

@@ -196,19 +196,27 @@ class Watcher:
             return 1
 
     def finish(self) -> None:
-        """The run is over: the full analysis's verdict (equal to `megascope analyze`)."""
+        """The run is over: the full analysis's verdict (equal to `megascope analyze`). A finished run
+        ends its open findings; a run that went idle (hung, or stopped short) leaves them open: a
+        watcher restarted on it picks them up (findings.jsonl)."""
         step = self.state.analyzed_step if self.state.analyzed_step is not None else -1
+        finished = self.state.progress is not None and self.state.progress.finished
         final = analyze_full(self.path, self.cfg.threads)
         for f in final:
             if key_of(f) not in self.tracker.seen:  # the windows missed it (e.g. a slow trend)
                 self._send("start", f, step)
-        for change in self.tracker.close_all(step):
-            self._send(change.event, change.finding, change.at_step)
+                self.tracker.open[key_of(f)] = f
+                self.tracker.seen.add(key_of(f))
+        if finished:
+            for change in self.tracker.close_all(step):
+                self._send(change.event, change.finding, change.at_step)
         for f in final:
             self._send("final", f, step)
         if self.metrics is not None:
-            self.metrics.open_findings([])
-        self.log(f"run over at step {step}: {len(final)} finding(s); records in {self._findings_path()}")
+            self.metrics.open_findings(list(self.tracker.open.values()))
+        how = "finished" if finished else "idle"
+        self.log(f"run {how} at step {step}: {len(final)} finding(s), {len(self.tracker.open)} still open; "
+                 f"records in {self._findings_path()}")
 
     def close(self) -> None:
         for sink in self.sinks:

@@ -184,7 +184,7 @@ def test_cli_on_a_finished_run_prints_the_verdict_and_exits(straggler_run, tmp_p
     lines = done.stdout.splitlines()
     assert [line.split()[2:4] for line in lines] == [["NEW", "straggler"], ["ENDED", "straggler"],
                                                      ["FINAL", "straggler"]]
-    assert "run over at step 19: 1 finding(s)" in done.stderr
+    assert "run finished at step 19: 1 finding(s), 0 still open" in done.stderr
     assert len((run / "findings.jsonl").read_text().splitlines()) == 3
 
 
@@ -280,3 +280,22 @@ def test_window_opens_only_its_segments_and_sees_the_same_rows(straggler_run, tm
     found = [f.to_dict() for f in pruned.findings()]
     assert found == [f.to_dict() for f in whole.findings()]
     assert [(f["kind"], f["ranks"]) for f in found] == [("straggler", [5])]
+
+
+def test_hang_is_announced_and_stays_open_when_the_run_goes_idle(tmp_path):
+    source = simulate_steps(tmp_path / "src", dp=2, tp=2, pp=2, steps=12, inject=["hang:rank=5,at=6"])
+    live = tmp_path / "live"
+    feeder = Feeder(source, live)
+    watcher = Watcher(live, WatchConfig(summary=False, idle_exit_s=1e-3), log=lambda m: None)
+    feeder.feed(feeder.total)
+    watcher.poll()
+    assert watcher.records == []  # steps alone: no hang yet
+    feeder.feed_inflight()  # the watchdogs' records of the stuck ops
+    watcher.poll()
+    assert [(r["event"], r["kind"], r["ranks"]) for r in watcher.records] == [("start", "hang", [5])]
+    assert watcher.poll()  # nothing new lands: idle
+    watcher.finish()
+    watcher.close()
+    # a hung run is not over: no 'end', the verdict is written and the hang stays open
+    assert [r["event"] for r in watcher.records] == ["start", "final"]
+    assert list(watcher.tracker.open) == [("hang", (5,))]

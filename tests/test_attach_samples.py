@@ -1,5 +1,6 @@
 """Jobs megascope did not write, traced by attaching and judged by `megascope analyze --json`: the
-DDP and FSDP2 samples (2 gloo ranks under torchrun), clean and with a slow rank, and the plain loop.
+DDP and FSDP2 samples (2 gloo ranks under torchrun), clean and with a slow rank (shown in the
+dashboard's overview and heatmap for DDP), and the plain loop.
 
 Both ranks are pinned to one CPU. On this shared 2-core machine (load 8-19 from other jobs while
 these were measured) a rank on the busier core is really slower for stretches of steps, and the
@@ -57,6 +58,35 @@ def _analyze(run_dir: Path) -> list[dict]:
     return report["findings"]
 
 
+DASHBOARD = """
+import json, sys
+import numpy as np
+from megascope.dashboard.app import create_app
+app = create_app([sys.argv[1]])
+from megascope.dashboard.pages import heatmap, overview
+with app.server.test_request_context():
+    _, _, figure, findings, _ = overview.refresh(0, 0)
+    compute = heatmap.update_heatmap("compute", "rank", "rank", 0, 0)
+def text(c):
+    if isinstance(c, (str, int, float)):
+        return str(c)
+    if isinstance(c, (list, tuple)):
+        return " ".join(text(x) for x in c)
+    return "" if c is None else text(getattr(c, "children", None))
+z = np.asarray(compute.data[0].z, dtype=float)
+print(json.dumps({"steps": len(figure.data[0].x), "findings": text(findings),
+                  "rows": [str(y) for y in compute.data[0].y], "mean_from_10": np.nanmean(z[:, 10:], axis=1).tolist()}))
+"""
+"""The dashboard's own page callbacks on a run (a fresh process: Dash registers its pages once)."""
+
+
+def _dashboard(run_dir: Path) -> dict:
+    proc = subprocess.run([sys.executable, "-c", DASHBOARD, str(run_dir)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("sample", ["ddp_loop.py", "fsdp2_loop.py"])
 def test_clean_run_has_no_findings(tmp_path, sample):
     _torchrun(sample, tmp_path / "run")
@@ -72,6 +102,10 @@ def test_slow_rank_is_named_the_straggler(tmp_path, sample):
     stragglers = [f for f in found if f["kind"] == "straggler"]
     assert [f["ranks"] for f in stragglers] == [[1]], [(f["kind"], f["ranks"], f["steps"], f["severity"]) for f in found]
     assert 6 <= stragglers[0]["steps"][0] <= 9  # slowed from step 8
+    if sample == "ddp_loop.py":  # and the dashboard shows it: overview finding, heatmap row
+        shown = _dashboard(tmp_path / "run")
+        assert shown["steps"] == 24 and "straggler" in shown["findings"] and shown["rows"] == ["0", "1"]
+        assert shown["mean_from_10"][1] > shown["mean_from_10"][0]
 
 
 def test_plain_loop_run_is_analyzable(tmp_path):

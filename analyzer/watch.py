@@ -10,7 +10,7 @@ Each poll lists the run's segments and in-flight records; when they changed, one
 When the run is finished (every rank recorded run.json's last step) or has been idle for
 `idle_exit_s`, the watcher runs the full analysis (what `megascope analyze` finds), announces what the
 windows missed, ends what is open and writes each final finding ('final' records), then stops.
-A tick that fails is logged, counted and retried at the next change; the watcher keeps going.
+A tick that fails is logged, counted and retried with backoff; the watcher keeps going.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from megascope.analyzer.watch_window import (Progress, ProgressFollower, Segment
 from megascope.tracer import run_dir as rd
 
 FINDINGS_FILE = "findings.jsonl"
+MAX_RETRY_S = 60.0
+"""A tick that keeps failing is retried at most this far apart (not every poll: the log stays readable)."""
 
 
 @dataclass
@@ -65,6 +67,9 @@ class WatchState:
     changed_at: float = field(default_factory=time.monotonic)
     progress: Progress | None = None
     errors: int = 0
+    failing: int = 0
+    """Ticks failed in a row: the next try waits poll_s x 2^(failing-1), at most MAX_RETRY_S."""
+    retry_at: float = 0.0
 
 
 class Watcher:
@@ -141,7 +146,7 @@ class Watcher:
         segments, inflight = self._listing()
         now = time.monotonic()
         changed = segments != self.state.signature or inflight != self.state.inflight
-        if changed:
+        if changed and now >= self.state.retry_at:
             new = segments - self.state.signature
             self.state.signature, self.state.changed_at = segments, now
             try:
@@ -150,11 +155,15 @@ class Watcher:
                 raise
             except Exception as exc:  # a tick never kills the watcher: logged, counted, retried
                 self.state.errors += 1
-                self.state.signature = frozenset()  # analyze again at the next poll
+                self.state.failing += 1
+                self.state.signature = frozenset()  # analyze again, after a backoff
+                delay = min(MAX_RETRY_S, self.cfg.poll_s * 2 ** (self.state.failing - 1))
+                self.state.retry_at = now + delay
                 if self.metrics is not None:
                     self.metrics.errors.inc()
-                self.log(f"tick failed ({type(exc).__name__}: {exc}); retrying at the next poll")
+                self.log(f"tick failed ({type(exc).__name__}: {exc}); retrying in {delay:g} s")
                 return False
+            self.state.failing = 0
         progress = self.state.progress
         if progress is not None and progress.finished:
             return True

@@ -149,3 +149,32 @@ def test_rules_and_dashboard_name_only_exported_metrics():
     assert named and named <= exported, named - exported
     assert {"megascope_straggler_score", "megascope_seconds_since_last_step", "megascope_mfu",
             "megascope_tracer_dropped_events", "megascope_findings_open"} <= named
+
+
+def test_metrics_endpoint_has_bounded_series(tmp_path):
+    """/metrics without Prometheus: the flagged rank only, per-stage aggregates, the run's progress."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    src = simulate_steps(tmp_path / "src", steps=20, inject=[f"straggler:rank=5,slowdown=0.3,from={ONSET}"])
+    watcher = Watcher(tmp_path / "live", WatchConfig(metrics_port=0, summary=False), log=lambda m: None)
+    try:
+        feeder = Feeder(src, tmp_path / "live")
+        while feeder.next <= ONSET + 4:
+            feeder.feed(1)
+            watcher.poll()
+        with urllib.request.urlopen(f"http://127.0.0.1:{watcher.server.server_port}/metrics", timeout=10) as resp:
+            text = resp.read().decode()
+    finally:
+        watcher.close()
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            samples.setdefault(s.name, []).append((s.labels, s.value))
+    assert samples["megascope_straggler_score"] == [({"rank": "5", "kind": "straggler"}, pytest.approx(1.3, abs=0.1))]
+    assert sorted(labels["stage"] for labels, _ in samples["megascope_stage_step_time_max_seconds"]) == ["0", "1"]
+    assert samples["megascope_completed_step"] == [({}, ONSET + 4)]
+    open_ = {labels["kind"]: v for labels, v in samples["megascope_findings_open"]}
+    assert open_["straggler"] == 1 and sum(open_.values()) == 1
+    announced = {labels["kind"]: v for labels, v in samples["megascope_findings_total"]}
+    assert announced["straggler"] == 1 and sum(announced.values()) == 1
+    assert 0 < samples["megascope_mfu"][0][1] < 1 and samples["megascope_tokens_per_second"][0][1] > 0

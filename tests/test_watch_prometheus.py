@@ -67,7 +67,7 @@ def start_prometheus(tmp: Path, targets: dict[str, int]) -> tuple[subprocess.Pop
                 return proc, port
         except OSError:
             if proc.poll() is not None:
-                raise AssertionError((tmp / "prometheus.log").read_text())
+                raise AssertionError((tmp / "prometheus.log").read_text()) from None
             time.sleep(0.3)
     proc.kill()
     raise AssertionError("prometheus did not become ready")

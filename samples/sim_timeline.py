@@ -43,7 +43,9 @@ class StageLog:
         self.frozen = False                        # slots are known once the first step is done
 
     def begin_step(self) -> None:
-        self.frozen = self.frozen or bool(self.step_rows)
+        # the slots are known once a step has added them; not `bool(step_rows)`: the writer clears
+        # step_rows after each segment, so with one step per segment every step would add its slots again
+        self.frozen = self.frozen or bool(self.desc)
         self.step_rows.append([])
 
     def last_completed(self, j: int) -> dict | None:

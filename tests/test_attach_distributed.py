@@ -6,6 +6,7 @@ are without it."""
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -13,6 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
 from megascope import tracer
@@ -33,7 +35,8 @@ def _events(run_dir: str, rank: int) -> list[dict]:
 def _intercepted_job(rank: int, world: int, run_dir: str) -> dict:
     peer = 1 - rank
     results = {}
-    with tracer.attach(run_dir, config=TraceConfig(nvml=False)) as t:
+    mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))  # the layout from a real DeviceMesh
+    with tracer.attach(run_dir, layout=mesh, config=TraceConfig(nvml=False)) as t:
         x = torch.full((4,), float(rank + 1))
         dist.all_reduce(x)
         results["sum"] = x.tolist()
@@ -70,6 +73,8 @@ def test_intercepted_calls_are_recorded_once_with_group_seq_peer_bytes(tmp_path)
     results = run_distributed(_intercepted_job, 2, run)
     assert [r["sum"] for r in results] == [[3.0] * 4] * 2
     assert all(r["is_work"] and r["restored"] for r in results)
+    topology = json.loads((tmp_path / "run" / "run.json").read_text())["topology"]
+    assert (topology["world"], topology["dp"], [r["dp"] for r in topology["ranks"]]) == (2, 2, [0, 1])
     by_rank = [_events(run, r) for r in (0, 1)]
     for rank, events in enumerate(by_rank):
         coll = [(e["name"], e["group"], e["seq"], e["bytes"]) for e in events if e["kind"] == "collective"]

@@ -246,10 +246,9 @@ class StragglerDetector:
             cusum = np.maximum(0.0, cusum + col - cfg.cusum_drift)
             peak = np.maximum(peak, cusum)
         out = {}
-        for rank in grid.index[peak >= cfg.cusum_h]:
-            if int(rank) in skip:
-                continue
-            rows = scores[scores["rank"] == rank].sort_values("step").reset_index(drop=True)
+        alarmed = [int(r) for r in grid.index[peak >= cfg.cusum_h] if int(r) not in skip]
+        for rank, rows in scores[scores["rank"].isin(alarmed)].groupby("rank"):  # one pass, not one per rank
+            rows = rows.sort_values("step").reset_index(drop=True)
             series = (rows.x_work_s / sigma).fillna(0.0).to_numpy()
             for a, b in cusum_stretches(series, cfg.cusum_drift, cfg.cusum_clip, cfg.cusum_h):
                 ep = self._sustained_episode(rows, change_point(series, a, b, cfg.sustained_min_steps), b, sigma)

@@ -72,6 +72,15 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         # flags default to None (only the ones given override); the config default is shown instead
         p.add_argument(flag, type=kind, default=None, metavar=help_kind,
                        help=f"[{section}.{name}] {doc} (default: {default})".replace("%", "%%"))
+    watch = p.add_argument_group("live diagnosis (docs/watch.md)")
+    watch.add_argument("--watch", action="store_true",
+                       help="start `megascope watch RUN` beside the job: findings on stdout and in "
+                            "RUN/findings.jsonl as they appear; it gives the final verdict when the job "
+                            "finishes and is stopped when the job fails; a watcher failure never stops training")
+    watch.add_argument("--watch-args", default="", metavar="'ARGS'",
+                       help="options for the watcher (implies --watch), split like a shell line, e.g. "
+                            "--watch-args='--webhook http://127.0.0.1:9000/hook --metrics-port 9464' "
+                            "(write it with '=' when ARGS start with '-'); see `megascope watch --help`")
     launch = p.add_argument_group("launch (torch.distributed elastic)")
     launch.add_argument("--nnodes", type=int, default=1, help="number of nodes (default: 1)")
     launch.add_argument("--node-rank", type=int, default=0, help="this node's index, static rendezvous (default: 0)")
@@ -137,10 +146,34 @@ def check_fault_steps(specs: list[FaultSpec], steps: int) -> None:
                 raise FaultSpecError(f"{where}: {key}={p[key]:g} must be a positive number")
 
 
+def watch_args(args: argparse.Namespace) -> list[str] | None:
+    """The watcher's options (None: no --watch); ValueError with one line when `megascope watch` would
+    refuse them, so a typo fails here and not minutes into the job."""
+    if not args.watch and not args.watch_args:
+        return None
+    from megascope.trainer.watch_child import parse_watch_args
+
+    extra = parse_watch_args(args.watch_args)
+    # the watcher's own parser and checks (the analyzer is needed for --watch anyway: the watcher runs on it)
+    from megascope.analyzer.watch_cli import add_parser as add_watch_parser, check_args
+
+    class _Refused(argparse.ArgumentParser):
+        def error(self, message: str):
+            raise ValueError(f"--watch-args '{args.watch_args}': {message}")
+
+    sub = _Refused(prog="megascope", add_help=False).add_subparsers(parser_class=_Refused)
+    parsed = add_watch_parser(sub).parse_args(["RUN", *extra])
+    problem = check_args(parsed)
+    if problem:
+        raise ValueError(f"--watch-args '{args.watch_args}': {problem}")
+    return extra
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = resolve_config(args)
-    except (ConfigError, FaultSpecError, KeyError) as exc:
+        args.watch_argv = watch_args(args)
+    except (ConfigError, FaultSpecError, KeyError, ValueError) as exc:
         print(f"megascope train: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
     from megascope.trainer.launch import launch  # torch import deferred until the config is known good

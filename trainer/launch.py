@@ -24,6 +24,7 @@ from megascope.trainer.config import JobConfig
 from megascope.trainer.heartbeat import heartbeat_dir, read_heartbeats
 from megascope.trainer.preflight import check_data, check_device, check_run_dir
 from megascope.trainer.supervisor import Supervisor, append_incident, process_alive
+from megascope.trainer.watch_child import WatchChild
 from megascope.tracer.run_dir import run_entries
 
 
@@ -38,8 +39,6 @@ def _free_port() -> int:
 
 
 def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from megascope.trainer.worker import worker_main
@@ -90,9 +89,36 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
     print(f"[megascope] launching {cfg.world_size} ranks (dp={cfg.parallel.dp} tp={cfg.parallel.tp} "
           f"pp={cfg.parallel.pp} vpp={cfg.parallel.vpp}) -> {cfg.run_dir}; recovery: {recovery_text(cfg)}",
           flush=True)
+    watcher = start_watcher(cfg.run_dir, getattr(args, "watch_argv", None), args.node_rank)
     supervisor = Supervisor(cfg.run_dir, cfg.robust, cfg.world_size, max_restarts).start()
+    code = 1
     try:
-        elastic_launch(launch_cfg, worker_main)(cfg.to_dict(), threads)
+        code = run_agent(cfg, supervisor, lambda: elastic_launch(launch_cfg, worker_main)(cfg.to_dict(), threads))
+    finally:
+        supervisor.stop()
+        if watcher is not None:  # after the ranks: the watcher's final verdict needs their last flush
+            watcher.stop(job_finished=code == 0)
+    return code
+
+
+def start_watcher(run_dir: str, watch_argv: list[str] | None, node_rank: int) -> WatchChild | None:
+    """`megascope train --watch`: the watcher beside the job, one per job (on node 0: the run
+    directory is shared), started before the ranks (it waits for run.json)."""
+    if watch_argv is None or node_rank != 0:
+        return None
+    child = WatchChild(run_dir, watch_argv).start()
+    print(f"[megascope] watching {run_dir} live: findings on stdout and in {run_dir}/findings.jsonl", flush=True)
+    return child
+
+
+def run_agent(cfg: JobConfig, supervisor: Supervisor, run_ranks) -> int:
+    """Run the elastic agent (`run_ranks`); the job's exit code, its failure recorded as an incident."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    max_restarts = cfg.robust.max_restarts
+    try:
+        run_ranks()
     except ChildFailedError as exc:
         failed_rank, first = next(iter(exc.failures.items()))
         append_incident(cfg.run_dir, {"kind": "job_failed", "ranks": [failed_rank],
@@ -116,8 +142,6 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
         print(f"\nmegascope train: interrupted; all ranks stopped; trace so far is in {cfg.run_dir}",
               file=sys.stderr)
         return 130
-    finally:
-        supervisor.stop()
     return 0
 
 

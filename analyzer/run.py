@@ -27,6 +27,7 @@ from megascope.analyzer.step_graph import build_step_graph, dependency_edges, ev
 from megascope.analyzer.store import Store, load_sql
 from megascope.analyzer.stragglers import StragglerDetector
 from megascope.analyzer.summary_cache import SummaryState, ensure_summary
+from megascope.analyzer.watch_live import FINDINGS_FILE, LiveFinding, read_live_findings
 from megascope.analyzer.what_if import what_if
 from megascope.analyzer.workload_imbalance import WorkloadImbalanceDetector
 
@@ -166,6 +167,11 @@ class Run:
                 .sort_values("wait_s", ascending=False, ignore_index=True))
 
     # ---- diagnoses ----------------------------------------------------------------------------
+    def live_findings(self) -> list[LiveFinding]:
+        """What `megascope watch` announced for this run so far (RUN/findings.jsonl), one row per
+        finding with its onset and state; [] when no watcher ran. Read anew on each call."""
+        return read_live_findings(self.store.path / FINDINGS_FILE)
+
     def findings(self) -> list[Finding]:
         if self._findings is not None:
             return self._findings

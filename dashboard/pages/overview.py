@@ -1,5 +1,6 @@
-"""Overview: the run's topology and config, MFU and step time over steps, the findings, and the
-incidents, recovery times and self-check results of a run that restarted."""
+"""Overview: the run's topology and config, MFU and step time over steps, the live findings of
+`megascope watch` (RUN/findings.jsonl), the findings, and the incidents, recovery times and self-check
+results of a run that restarted."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dash
 from dash import Input, Output, callback, dcc, html
 
 from megascope.analyzer import Finding, Run
+from megascope.analyzer.watch_live import LiveFinding
 from megascope.dashboard.incidents_view import incidents_panel
 from megascope.dashboard.run_gaps import describe_gaps
 from megascope.dashboard.runs import current_catalog
@@ -37,6 +39,8 @@ def layout(**_query: str) -> html.Div:
                 dcc.Graph(id="overview-mfu", config={"displaylogo": False}),
             ]),
         ]),
+        html.Div(className="panel", children=[html.H3("Live findings (megascope watch)"),
+                                              html.Div(id="overview-live")]),
         html.Div(className="panel", children=[html.H3("Findings"), html.Div(id="overview-findings")]),
         html.Div(className="panel", children=[html.H3("Incidents, restarts and self-checks"),
                                               html.Div(id="overview-incidents")]),
@@ -53,6 +57,17 @@ def refresh(run_value: int | None, _tick: int | None):
     return catalog.cached(index, ("overview",), lambda run: (
         notices(describe_gaps(run)), run_summary(run), mfu_figure(run.mfu().per_step),
         findings_table(run.findings(), index), incidents_panel(run)))
+
+
+@callback(Output("overview-live", "children"), Input("app-run", "value"), Input("app-interval", "n_intervals"))
+def refresh_live(run_value: int | None, _tick: int | None):
+    """Read anew on every refresh, not memoized with the rest: the watcher appends to findings.jsonl
+    after the run's last segment (its final verdict), which the catalog's directory signature does not
+    see; the file is small (a few records per finding)."""
+    catalog = current_catalog()
+    index = catalog.index(run_value)
+    with catalog.using(index) as run:
+        return live_table(run.live_findings(), index)
 
 
 def run_summary(run: Run) -> html.Div:
@@ -83,6 +98,37 @@ def findings_table(findings: list[Finding], run_index: int) -> html.Div:
                     className=f"finding finding-{f.kind}")
             for f in findings]
     return html.Table([html.Thead(head), html.Tbody(rows)], className="grid findings", id="overview-findings-table")
+
+
+def live_table(rows: list[LiveFinding], run_index: int) -> html.Div:
+    """What the watcher announced, newest first: state, onset, when it was seen and ended, and links
+    to the heatmap (on the finding's metric) and the timeline at its onset."""
+    if not rows:
+        return html.P("No live findings: no watcher records in this run (start `megascope watch RUN` beside "
+                      "the job, or `megascope train --watch`), or it has announced nothing.", className="muted")
+    head = html.Tr([html.Th(h) for h in ("state", "kind", "ranks", "onset step", "seen at step", "ended at step",
+                                         "summary", "")])
+    body = [html.Tr([html.Td(r.state + (", confirmed" if r.final else ""), className=f"live-{r.state}"),
+                     html.Td(r.finding.kind), html.Td(_short(r.finding.ranks)), html.Td(str(r.onset)),
+                     html.Td(str(r.seen_at)), html.Td("" if r.ended_at is None else str(r.ended_at)),
+                     html.Td(r.finding.summary),
+                     html.Td([dcc.Link(_page_of(r.finding), href=finding_href(r.finding, run_index)), " ",
+                              dcc.Link("timeline", href=timeline_href(r.finding, run_index))])],
+                    className=f"finding finding-{r.finding.kind} live-{r.state}")
+            for r in sorted(rows, key=lambda r: (r.state != "open", -r.seen_at))]
+    return html.Table([html.Thead(head), html.Tbody(body)], className="grid findings", id="overview-live-table")
+
+
+def _page_of(finding: Finding) -> str:
+    return _FINDING_VIEWS.get(finding.kind, ("timeline", None))[0]
+
+
+def timeline_href(finding: Finding, run_index: int) -> str:
+    """The timeline at a finding's onset step, on its ranks."""
+    query: dict[str, object] = {"run": run_index, "step": finding.steps[0]}
+    if finding.ranks:
+        query["ranks"] = ",".join(str(r) for r in list(finding.ranks)[:8])
+    return f"/timeline?{urlencode(query)}"
 
 
 def finding_href(finding: Finding, run_index: int) -> str:

@@ -28,10 +28,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from megascope.analyzer.episodes import binomial_tail, cusum_stretches, persistent_runs
-from megascope.analyzer.findings import Finding, hosts_of, rank_list
+from megascope.analyzer.episodes import binomial_tail, change_point, cusum_stretches, persistent_runs
+from megascope.analyzer.finding_merge import merge_hosts, merge_tp_groups
+from megascope.analyzer.findings import Finding, hosts_of
 from megascope.analyzer.peer_stats import noise_sigma, rank_step_scores
-from megascope.analyzer.store import Store, load_sql
+from megascope.analyzer.store import Store
 
 
 ONSET_SHARE = 0.6
@@ -382,86 +383,3 @@ def stage_balance(scores: pd.DataFrame) -> pd.DataFrame:
 
 def _round(value: float, digits: int = 4) -> float | None:
     return round(float(value), digits) if value == value else None
-
-
-def change_point(z: np.ndarray, a: int, b: int, min_steps: int, clip: float = 3.0) -> int:
-    """Where in z[:b+1] (scores in sigma) the level shifted, near a CUSUM stretch starting at `a`: the
-    split k maximizing (mean after - mean before) x sqrt(k (n - k) / n) of the clipped scores, the
-    classic two-sample change-point statistic (means, not medians: a median ignores the shifted
-    steps a split leaves on the wrong side until half are, so the sqrt term dragged the onset toward
-    the middle; held-out generator case: 338 for 300). The CUSUM's own start can drift early when the
-    rank sat a little above 0 before (a real run: 164 steps early)."""
-    n = b + 1
-    lo, hi = max(min_steps, a - (b - a) // 2), min(n - min_steps, a + (b - a) // 2)
-    if lo >= hi:
-        return a
-    zc = np.clip(z[:n], -clip, clip)
-    csum = np.concatenate(([0.0], np.cumsum(zc)))
-    ks = np.arange(lo, hi + 1)
-    before, after = csum[ks] / ks, (csum[n] - csum[ks]) / (n - ks)
-    return int(ks[int(np.argmax((after - before) * np.sqrt(ks * (n - ks) / n)))])
-
-
-def merge_tp_groups(findings: list[Finding], scores: pd.DataFrame) -> list[Finding]:
-    """When every traced rank of a (stage, replica)'s tensor/context-parallel group is a straggler, one
-    finding on the group: they wait for their slowest member inside their tp/cp collectives, and a trace
-    that does not time those collectives (NDTimeline's compute ops span them) cannot say which GPU it is."""
-    groups = scores.groupby(["pp", "dp"])["rank"].unique()
-    single = {f.ranks[0]: f for f in findings if len(f.ranks) == 1}
-    used: set[int] = set()
-    merged = []
-    for (stage, replica), ranks in groups.items():
-        ranks = sorted(int(r) for r in ranks)
-        if len(ranks) < 2 or not set(ranks) <= single.keys():
-            continue
-        parts = [single[r] for r in ranks]
-        worst = max(parts, key=lambda f: f.severity)
-        first = min(p.steps[0] for p in parts)
-        merged.append(Finding(
-            kind="straggler", ranks=ranks, hosts=list(dict.fromkeys(h for p in parts for h in p.hosts)),
-            steps=(first, max(p.steps[1] for p in parts)), severity=worst.severity,
-            summary=(f"The tensor/context-parallel group of ranks {rank_list(ranks)} "
-                     f"(stage {stage}, replica {replica}) "
-                     f"computes {100 * (worst.severity - 1):.0f}% slower than the other replicas of its stage since "
-                     f"step {first}; one of its GPUs is slow and the others wait for it inside their tp/cp "
-                     f"collectives, which this trace does not time: check each GPU's clocks, thermals and ECC."),
-            evidence={**worst.evidence, "tp_group": ranks, "per_rank": {str(p.ranks[0]): round(p.severity, 4)
-                                                                        for p in parts}}))
-        used |= set(ranks)
-    return [f for f in findings if not (len(f.ranks) == 1 and f.ranks[0] in used)] + merged
-
-
-def merge_hosts(findings: list[Finding], topology: pd.DataFrame) -> list[Finding]:
-    """When every rank of a host is flagged with the same kind, report the host once."""
-    by_host = topology.groupby("host")["rank"].apply(lambda s: set(int(r) for r in s)).to_dict()
-    out: list[Finding] = []
-    for kind in dict.fromkeys(f.kind for f in findings):
-        same = [f for f in findings if f.kind == kind]
-        flagged = {f.ranks[0]: f for f in same if len(f.ranks) == 1}
-        used: set[int] = set()
-        for host, ranks in by_host.items():
-            if len(ranks) > 1 and ranks <= flagged.keys():
-                parts = [flagged[r] for r in sorted(ranks)]
-                first = min(p.steps[0] for p in parts)
-                last = max(p.steps[1] for p in parts)
-                sev = float(pd.Series([p.severity for p in parts]).median())
-                out.append(Finding(
-                    kind=kind, ranks=sorted(ranks), hosts=[host], steps=(first, last), severity=sev,
-                    summary=(f"All {len(ranks)} ranks of host {host} ({rank_list(sorted(ranks))}) are "
-                             f"{100 * (sev - 1):.0f}% slower than their peers since step {first}; "
-                             f"drain or inspect host {host} (cooling, power capping, PCIe)."),
-                    evidence={"cause": parts[0].evidence.get("cause"), "host_wide": True,
-                              "per_rank": {str(p.ranks[0]): round(p.severity, 4) for p in parts}}))
-                used |= ranks
-        out += [f for f in same if not (len(f.ranks) == 1 and f.ranks[0] in used)]
-    return out
-
-
-def arrival_evidence(store: Store, finding: Finding, min_lateness_s: float) -> dict:
-    """How often the finding's ranks arrived last at collectives during its steps (culprit signature)."""
-    if not finding.ranks or len(finding.ranks) > 64:
-        return {}
-    table = store.query(load_sql("arrivals"), {"min_lateness_s": min_lateness_s})
-    sel = table[table["rank"].isin(finding.ranks) & table.step.between(*finding.steps)]
-    return {"collectives_arrived_last": int(sel.late_count.sum()),
-            "lateness_ms_per_step": round(1e3 * float(sel.lateness_s.sum()) / max(1, sel.step.nunique()), 3)}

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from megascope.analyzer.episodes import binomial_tail, cusum_stretches
-from megascope.analyzer.stragglers import change_point
+from megascope.analyzer.episodes import change_point
 
 
 def test_binomial_tail_matches_enumeration():

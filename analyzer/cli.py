@@ -8,7 +8,6 @@ import sys
 
 from megascope.analyzer.report import json_safe, render_text
 from megascope.analyzer.store import RunOpenError
-
 from megascope.progress import ProgressBar
 
 

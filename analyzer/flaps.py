@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+
 from megascope.analyzer.episodes import runs
 from megascope.analyzer.event_pass import has_wait_spans
 from megascope.analyzer.findings import Finding, hosts_of, rank_list

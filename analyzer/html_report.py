@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import plotly.io as pio
+
 from megascope.analyzer.heatmap import METRICS, color_range
 
 if TYPE_CHECKING:

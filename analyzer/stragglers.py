@@ -34,7 +34,6 @@ from megascope.analyzer.findings import Finding, hosts_of
 from megascope.analyzer.peer_stats import noise_sigma, rank_step_scores
 from megascope.analyzer.store import Store
 
-
 ONSET_SHARE = 0.6
 """The onset is the first step of the stretch past this share of the level shift: a step only partly
 slowed, or a noisy one just before, is not yet the new level (the error is late by a step at most)."""

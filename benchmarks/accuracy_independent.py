@@ -27,7 +27,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megascope.analyzer import Run
-
 from tests.independent_gen import GenSpec, HostPause, Noise, SlowRank, import_run
 
 TUNED = [0, 1]

@@ -21,10 +21,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.distributed import run_distributed  # noqa: E402
-
 from megascope.tracer.clock import HostClock  # noqa: E402
 from megascope.tracer.clock_sync import estimate_offsets  # noqa: E402
+from tests.distributed import run_distributed  # noqa: E402
 
 
 def job(rank: int, world: int, per_host: int, repeat: int, rounds: int) -> dict:

@@ -19,13 +19,12 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.distributed import run_distributed  # noqa: E402
-
 from megascope.trainer.config import JobConfig, apply_overrides, micro_batches  # noqa: E402
 from megascope.trainer.faults import Faults  # noqa: E402
 from megascope.trainer.model import GPT  # noqa: E402
 from megascope.trainer.parallel_dims import ParallelDims  # noqa: E402
 from megascope.trainer.presets import preset  # noqa: E402
+from tests.distributed import run_distributed  # noqa: E402
 
 
 def make_config(args: argparse.Namespace, zero: bool) -> JobConfig:

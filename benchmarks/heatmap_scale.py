@@ -91,11 +91,12 @@ def _median_s(fn, repeat: int) -> tuple[float, object]:
 # ---- part 1: the 12,288 x 1,000 heatmap --------------------------------------------------------------
 def make_synthetic_run(out: Path, dp: int, tp: int, pp: int, steps: int) -> float:
     """run.json + one empty segment per rank and table + the synthesized summary; returns seconds."""
+    import pyarrow.parquet as pq
+
     from megascope.analyzer import Run
     from megascope.analyzer.summary_cache import write_summary
     from megascope.tracer.run_dir import write_manifest
     from megascope.tracer.schema import TABLES
-    import pyarrow.parquet as pq
 
     t0 = time.perf_counter()
     shutil.rmtree(out, ignore_errors=True)
@@ -124,6 +125,7 @@ def make_synthetic_run(out: Path, dp: int, tp: int, pp: int, steps: int) -> floa
 def _check_schema(store) -> None:
     """The synthesized columns and types are the real summary's (built on a tiny simulated run)."""
     import tempfile
+
     from megascope.analyzer import Run
     from megascope.samples.simulator import SimConfig, simulate
 

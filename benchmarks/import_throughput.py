@@ -123,8 +123,8 @@ def main() -> None:
     print(f"generated {events:,} events, {src.stat().st_size / 1e6:.0f} MB JSON "
           f"({gz.stat().st_size / 1e6:.0f} MB gzip) in {time.perf_counter() - t0:.0f} s\n")
     mb = src.stat().st_size / 1e6
-    print(f"| input | reader | wall (s) | MB/s (uncompressed) | events/s | peak RSS (MB) |")
-    print(f"|---|---|---|---|---|---|")
+    print("| input | reader | wall (s) | MB/s (uncompressed) | events/s | peak RSS (MB) |")
+    print("|---|---|---|---|---|---|")
     for label, path in (("JSON", src), ("JSON.gz", gz)):
         for mode in ("megascope import", "json.load"):
             r = measure("import" if mode.startswith("megascope") else "json.load", path, root / "run")

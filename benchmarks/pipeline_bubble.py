@@ -145,8 +145,8 @@ def main() -> None:
     cores = os.cpu_count() or 1
     print(f"model: {args.layers} layers, hidden {args.hidden}, seq {args.seq_len}, micro-batch "
           f"{args.micro_batch}, fp32, CPU gloo, {cores} cores, 1 thread per rank")
-    print(f"| schedule | pp | vpp | m | step time (s) | measured bubble | analytical (p-1)/(v*m) |")
-    print(f"|---|---|---|---|---|---|---|")
+    print("| schedule | pp | vpp | m | step time (s) | measured bubble | analytical (p-1)/(v*m) |")
+    print("|---|---|---|---|---|---|---|")
     for pp, vpp, m in layouts:
         ranks = run_layout(args, (pp, vpp, m))
         step_s = max(r["step_s"] for r in ranks)

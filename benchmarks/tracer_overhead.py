@@ -26,13 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tests.distributed import run_distributed  # noqa: E402
 
 from megascope import tracer  # noqa: E402
 from megascope.tracer import comm_trace  # noqa: E402
@@ -42,6 +39,7 @@ from megascope.trainer.parallel_dims import ParallelDims  # noqa: E402
 from megascope.trainer.parallelize import parallelize  # noqa: E402
 from megascope.trainer.presets import preset  # noqa: E402
 from megascope.trainer.step import train_step  # noqa: E402
+from tests.distributed import run_distributed  # noqa: E402
 
 
 def make_config(args: argparse.Namespace) -> JobConfig:

@@ -13,6 +13,7 @@ import re
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+
 from megascope.dashboard.widgets import FIGURE_MARGIN, FIGURE_TEMPLATE, empty_figure
 
 _COLUMN = re.compile(r"dp(\d+)(?:·cp(\d+))?·tp(\d+)")

@@ -13,7 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from megascope.cli import DefaultsHelpFormatter, main as megascope
+from megascope.cli import DefaultsHelpFormatter
+from megascope.cli import main as megascope
 from megascope.tracer.run_dir import run_entries
 
 DEFAULT_RUN_DIR = "runs/demo"

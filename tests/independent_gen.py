@@ -398,9 +398,8 @@ def import_run(spec: GenSpec, tmp_dir: str | Path) -> Path:
     """Write the trace and import it with the real `megascope import ndtimeline` (the CLI entry point);
     returns the run directory. Context parallelism is passed as --cp when the importer has it, else
     folded into tp (the same rank order: tp fastest, then cp)."""
-    from megascope.tracer.importers.cli import import_run as importer
-
     from megascope.cli import main
+    from megascope.tracer.importers.cli import import_run as importer
 
     tmp = Path(tmp_dir)
     src = write_ndtimeline(spec, tmp / "trace")

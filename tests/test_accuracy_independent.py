@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer import Run
-
 from tests.independent_gen import GenSpec, Noise, SlowRank, import_run, trace_frame, true_step_times
 
 

@@ -103,6 +103,7 @@ def _add_init_events(run_dir, ranks, step=-1):
     """Events before the first step (init, importers): a segment per rank at a negative step."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from megascope.tracer.schema import EVENTS
     first = pq.read_table(sorted((run_dir / "steps" / "rank=00000").glob("*.parquet"))[0]).column("start_ns")[0].as_py()
     for r in ranks:
@@ -116,6 +117,7 @@ def _add_init_events(run_dir, ranks, step=-1):
 
 def test_event_ids_before_the_first_step(run_dir, tmp_path):
     import shutil
+
     from megascope.analyzer import Run
     from megascope.analyzer.step_graph import event_id, event_id_parts
     copy = tmp_path / "run"
@@ -146,6 +148,7 @@ def _rewrite_events(run_dir, fn):
     """Apply fn(DataFrame) -> DataFrame to every events segment of run_dir, in place."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from megascope.tracer.schema import EVENTS
     schema = pa.schema([EVENTS.field(f.name) for f in EVENTS])
     for seg in sorted((run_dir / "events").glob("rank=*/*.parquet")):
@@ -203,6 +206,7 @@ def _prefetch_waited_in_forward(run_dir, rank, step, gather_ns=3_000_000, wait_n
     Returns the wait's duration (ns)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
     from megascope.tracer.schema import EVENTS, WAIT_SUFFIX
     _rewrite_events(run_dir, lambda ev: ev.assign(issue_ns=ev.start_ns))
     ev = pd.concat([pq.read_table(s).to_pandas() for s in (run_dir / "events" / f"rank={rank:05d}").glob("*.parquet")])
@@ -221,6 +225,7 @@ def _prefetch_waited_in_forward(run_dir, rank, step, gather_ns=3_000_000, wait_n
 
 def test_wait_nested_in_forward_is_exposed_communication(run_dir, tmp_path):
     import shutil
+
     from megascope.analyzer import Run
     base_dir, waits_dir = tmp_path / "base", tmp_path / "waits"
     shutil.copytree(run_dir, base_dir)
@@ -254,6 +259,7 @@ def test_real_trace_waits(tmp_path):
     forward, and the breakdown sums to the step time."""
     import subprocess
     import sys
+
     from megascope.analyzer import Run
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "megascope", "train", "--preset", "tiny", "--dp", "2",

@@ -241,6 +241,7 @@ def test_color_scale_clips_a_whole_warm_up_column():
     straggler at 0.6 s. The warm-up is 1/30 of the cells, more than the 2% a bare 98th percentile
     skips: the scale must still end near the straggler, not at the warm-up."""
     import numpy as np
+
     from megascope.analyzer.heatmap import color_range
 
     values = 0.3 + 0.1 * np.random.default_rng(0).random((8, 30))

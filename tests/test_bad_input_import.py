@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from megascope.analyzer import Run
-
 from megascope.progress import ProgressBar
 
 LOOP_STEPS = 4

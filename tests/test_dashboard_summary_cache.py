@@ -13,8 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from megascope.analyzer import Run
-from megascope.analyzer import event_pass, summary_cache
+from megascope.analyzer import Run, event_pass, summary_cache
 from megascope.samples.simulator import SimConfig, simulate
 
 STEPS = 12

@@ -9,8 +9,16 @@ import pytest
 import torch
 
 from megascope.trainer.config import JobConfig
-from megascope.trainer.data import (DEFAULT_CORPUS_BYTES, BatchLoader, BatchSampler, ByteTokenizer,
-                                    DataError, build_loader, default_corpus, load_tokens)
+from megascope.trainer.data import (
+    DEFAULT_CORPUS_BYTES,
+    BatchLoader,
+    BatchSampler,
+    ByteTokenizer,
+    DataError,
+    build_loader,
+    default_corpus,
+    load_tokens,
+)
 from megascope.trainer.parallel_dims import ParallelDims
 from tests.distributed import run_distributed
 

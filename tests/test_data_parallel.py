@@ -8,10 +8,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from megascope.tracer import comm
 from megascope.trainer.config import ModelConfig, ParallelConfig, TrainConfig
 from megascope.trainer.data_parallel import DistributedOptimizer
 from megascope.trainer.parallel_dims import ParallelDims
-from megascope.tracer import comm
 from tests.distributed import run_distributed
 
 GLOBAL_BATCH = 8

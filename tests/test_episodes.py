@@ -8,8 +8,7 @@ import math
 
 import numpy as np
 
-from megascope.analyzer.episodes import binomial_tail, cusum_stretches
-from megascope.analyzer.episodes import change_point
+from megascope.analyzer.episodes import binomial_tail, change_point, cusum_stretches
 
 
 def test_binomial_tail_matches_enumeration():

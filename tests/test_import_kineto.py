@@ -33,12 +33,12 @@ def _profiler(trace_dir: str, rank: int) -> torch.profiler.profile:
 def _trainer_job(rank: int, world: int, trace_dir: str, run_dir: str) -> int:
     """Our trainer (dp=4) under torch.profiler and our tracer; SLOW_RANK's forward is 30 ms slower from step ONSET."""
     from megascope import tracer as tracing
+    from megascope.tracer.run_dir import write_manifest
     from megascope.trainer.config import JobConfig
     from megascope.trainer.faults import Faults
     from megascope.trainer.parallel_dims import ParallelDims
     from megascope.trainer.parallelize import parallelize
     from megascope.trainer.step import train_step
-    from megascope.tracer.run_dir import write_manifest
 
     cfg = JobConfig.from_dict({
         "model": {"n_layers": 2, "hidden": 128, "n_heads": 4, "seq_len": 64, "vocab_size": 64},
@@ -91,8 +91,8 @@ def _plain_loop_job(rank: int, world: int, trace_dir: str, run_dir: str) -> int:
     sleeps inside its forward from step ONSET (a host-side stall the profiler can only see through the annotation)."""
     from megascope import tracer as tracing
     from megascope.tracer import comm
-    from megascope.tracer.run_dir import write_manifest
     from megascope.tracer.config import TraceConfig
+    from megascope.tracer.run_dir import write_manifest
     from megascope.trainer.parallel_dims import ParallelDims
 
     if rank == 0:

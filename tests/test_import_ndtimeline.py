@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+
 from megascope.analyzer import Run
+from megascope.cli import main
 from megascope.tracer.importers.cli import import_run
 from megascope.tracer.importers.writer import ImportInputError
-
-from megascope.cli import main
 
 DP, TP, PP, STEPS, MICRO = 4, 2, 4, 10, 4
 T0 = 1_700_000_000.0

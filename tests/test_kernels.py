@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from megascope.kernels import attention, layernorm
-from megascope.kernels.bias_gelu import bias_gelu, bias_gelu_reference
 from megascope.kernels.attention import attention_reference, causal_attention, window_mask
+from megascope.kernels.bias_gelu import bias_gelu, bias_gelu_reference
 
 CUDA_TRITON = torch.cuda.is_available() and attention.HAS_TRITON
 needs_gpu = pytest.mark.skipif(not CUDA_TRITON, reason="needs a CUDA device and triton")

@@ -7,14 +7,24 @@ import pytest
 import torch
 
 from megascope.trainer.config import ModelConfig
-from megascope.trainer.flops import (hardware_flops_per_step, megatron_full_recompute_flops,
-                                     megatron_model_flops, model_flops_per_step)
+from megascope.trainer.flops import (
+    hardware_flops_per_step,
+    megatron_full_recompute_flops,
+    megatron_model_flops,
+    model_flops_per_step,
+)
 from megascope.trainer.model import GPT
 from megascope.trainer.p2p import message_tag
 from megascope.trainer.pipeline import chunk_placements, split_into_chunks, tied_embedding_weight
 from megascope.trainer.recompute import apply_recompute
-from megascope.trainer.schedule_order import (BACKWARD, FORWARD, analytical_bubble, build_schedule,
-                                             interleaved_one_f_one_b, simulate)
+from megascope.trainer.schedule_order import (
+    BACKWARD,
+    FORWARD,
+    analytical_bubble,
+    build_schedule,
+    interleaved_one_f_one_b,
+    simulate,
+)
 
 LAYOUTS = [(1, 1, 4), (2, 1, 1), (2, 1, 4), (4, 1, 3), (4, 1, 8), (2, 2, 2), (2, 2, 6), (4, 2, 4),
            (4, 2, 8), (3, 3, 9), (4, 4, 16)]

@@ -8,8 +8,8 @@ import pyarrow as pa
 import pytest
 
 from megascope import tracer
-from megascope.tracer.schema import EVENTS, STEPS
 from megascope.tracer.config import TraceConfig
+from megascope.tracer.schema import EVENTS, STEPS
 
 
 def make(cfg: TraceConfig | None = None, sink=None, **kw) -> tuple[tracer.Tracer, tracer.MemorySink]:

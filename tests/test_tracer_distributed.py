@@ -12,8 +12,8 @@ import torch.distributed as dist
 
 from megascope import tracer
 from megascope.tracer import comm
-from megascope.tracer.run_dir import read_manifest, write_manifest
 from megascope.tracer.config import TraceConfig
+from megascope.tracer.run_dir import read_manifest, write_manifest
 from tests.distributed import run_distributed
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from megascope import tracer
-from megascope.tracer.schema import GPU, KERNELS
 from megascope.tracer.config import TraceConfig
+from megascope.tracer.schema import GPU, KERNELS
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

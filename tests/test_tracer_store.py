@@ -16,8 +16,8 @@ import pytest
 
 from megascope import tracer
 from megascope.tracer import run_dir as rundir
-from megascope.tracer.schema import EVENTS, SCHEMA_VERSION, STEPS, SchemaVersionError
 from megascope.tracer.config import TraceConfig
+from megascope.tracer.schema import EVENTS, SCHEMA_VERSION, STEPS, SchemaVersionError
 
 duckdb = pytest.importorskip("duckdb")
 

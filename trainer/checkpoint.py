@@ -19,7 +19,6 @@ peers (comm.broadcast), so storage reads do not grow with dp. A different layout
 from __future__ import annotations
 
 import json
-import os
 import queue
 import re
 import shutil
@@ -33,11 +32,11 @@ import torch
 import torch.distributed as dist
 
 from megascope import tracer as tracing
+from megascope.tracer import comm
+from megascope.tracer.run_dir import write_json_atomic
 from megascope.trainer.checkpoint_io import broadcast_tree, host_snapshot, save_file
 from megascope.trainer.config import JobConfig
 from megascope.trainer.parallel_dims import ParallelDims
-from megascope.tracer import comm
-from megascope.tracer.run_dir import write_json_atomic
 
 FORMAT = 1
 MANIFEST = "manifest.json"

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
+
+import tomllib
 
 from megascope.tracer.config import TraceConfig  # noqa: F401  (the [trace] section; re-exported)
 

@@ -27,9 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from megascope.tracer import comm
 from megascope.trainer.config import JobConfig
 from megascope.trainer.parallel_dims import ParallelDims
-from megascope.tracer import comm
 
 DEFAULT_CORPUS_BYTES = 4 << 20
 """Size of the built-in corpus: the first 4 MiB of stdlib sources in sorted path order."""

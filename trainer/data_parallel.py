@@ -29,11 +29,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from megascope.tracer import comm
 from megascope.trainer.config import ParallelConfig, TrainConfig
 from megascope.trainer.grad_buckets import Bucket, ChunkBuffers
 from megascope.trainer.optimizers import AdamW, ShardLayout, build_optimizer
 from megascope.trainer.parallel_dims import ParallelDims
-from megascope.tracer import comm
 
 MiB = 1 << 20
 PREFETCH_BUCKETS = 1

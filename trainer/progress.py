@@ -5,10 +5,10 @@ from __future__ import annotations
 import math
 import statistics
 
+from megascope.tracer.run_dir import read_manifest
 from megascope.trainer.config import JobConfig
 from megascope.trainer.flops import model_flops_per_step
 from megascope.trainer.parallel_dims import ParallelDims
-from megascope.tracer.run_dir import read_manifest
 
 
 class Progress:

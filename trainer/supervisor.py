@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from megascope.tracer.run_dir import write_json_atomic
 from megascope.trainer.config import RobustConfig
 from megascope.trainer.heartbeat import read_heartbeats
-from megascope.tracer.run_dir import write_json_atomic
 
 INCIDENTS = "incidents.jsonl"
 

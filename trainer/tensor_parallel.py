@@ -26,10 +26,16 @@ from torch import nn
 
 from megascope.tracer import comm
 from megascope.trainer.model import GPT
-from megascope.trainer.tp_comm import all_gather_along
 from megascope.trainer.parallel_dims import ParallelDims
-from megascope.trainer.tp_layers import (ColumnParallelLinear, RowParallelLinear, SequenceParallelPositions,
-                                         VocabParallelCrossEntropy, VocabParallelEmbedding, _replicated)
+from megascope.trainer.tp_comm import all_gather_along
+from megascope.trainer.tp_layers import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    SequenceParallelPositions,
+    VocabParallelCrossEntropy,
+    VocabParallelEmbedding,
+    _replicated,
+)
 
 
 def apply_tp(model: GPT, dims: ParallelDims, sequence_parallel: bool) -> None:

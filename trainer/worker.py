@@ -14,12 +14,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from megascope.tracer.run_dir import update_manifest
 from megascope.trainer.config import JobConfig
 from megascope.trainer.faults import Faults, parse_specs
 from megascope.trainer.heartbeat import Heartbeat
 from megascope.trainer.parallel_dims import ParallelDims
 from megascope.trainer.peak_flops import detect_peak
-from megascope.tracer.run_dir import update_manifest
 
 ONE_SHOT = ("crash", "hang")
 """Fault kinds that fire only in the first attempt (TORCHELASTIC_RESTART_COUNT == 0)."""
@@ -103,7 +103,7 @@ def _run(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank: int, lo
 
 def _self_check(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank: int,
                 hosts: list[tuple[str, int]], attempt: int) -> None:
-    from megascope.trainer.config import validate, ConfigError
+    from megascope.trainer.config import ConfigError, validate
     from megascope.trainer.self_check import SelfCheckError, decide, run_self_check
 
     names = [h for h, _ in hosts]
@@ -151,8 +151,8 @@ def _gather_hosts(dims: ParallelDims) -> list[tuple[str, int]]:
 def _write_manifest(cfg: JobConfig, dims: ParallelDims, device: torch.device, info: list[tuple[str, int]],
                     threads: int, group_init_s: float) -> None:
     """Rank 0 writes run.json (every rank's host name and local rank gathered before)."""
-    from megascope.trainer.config import micro_batches
     from megascope.tracer.run_dir import write_manifest
+    from megascope.trainer.config import micro_batches
 
     m = cfg.model
     peak = detect_peak(device, threads)

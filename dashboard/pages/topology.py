@@ -8,6 +8,7 @@ import dash
 import numpy as np
 import pandas as pd
 from dash import Input, Output, State, callback, dcc, html
+
 from megascope.analyzer import Run
 from megascope.dashboard.heatmap_figure import METRICS, leading_int
 from megascope.dashboard.incidents_view import flagged_ranks

@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from megascope.tracer.importers.layout import layout_from_sizes
-from megascope.tracer.layout import Layout
 from megascope.tracer.importers.writer import ImportInputError, RunWriter
+from megascope.tracer.layout import Layout
 
 DTYPE_BYTES = {"float": 4, "float32": 4, "half": 2, "float16": 2, "bfloat16": 2, "double": 8, "float64": 8,
                "long": 8, "int64": 8, "int": 4, "int32": 4, "short": 2, "int16": 2, "byte": 1, "char": 1,

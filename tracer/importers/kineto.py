@@ -32,11 +32,18 @@ from pathlib import Path
 from typing import Any
 
 from megascope.tracer.importers import kineto_ops as ko
-from megascope.tracer.importers.kineto_gpu import GPU_CATS, LAUNCH_CATS, GpuSpool, is_launch, remove_spool, write_kernels
 from megascope.tracer.importers.json_stream import EVENTS_KEY, TraceJsonError, TraceJsonReader
+from megascope.tracer.importers.kineto_gpu import (
+    GPU_CATS,
+    LAUNCH_CATS,
+    GpuSpool,
+    is_launch,
+    remove_spool,
+    write_kernels,
+)
 from megascope.tracer.importers.layout import layout_from_sizes
-from megascope.tracer.layout import Layout
 from megascope.tracer.importers.writer import ImportInputError, RunWriter
+from megascope.tracer.layout import Layout
 
 MERGE_GAP_NS = 1_000_000  # ops of one kind less than 1 ms apart are one span (Python overhead between them)
 _TRAILING_DIGITS = re.compile(r"(\d+)(?:\.pt)?\.json(?:\.gz)?$|(\d+)$")

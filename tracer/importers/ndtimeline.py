@@ -24,9 +24,10 @@ import duckdb
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
 from megascope.tracer.importers.layout import sizes_text
-from megascope.tracer.layout import Layout
 from megascope.tracer.importers.writer import ImportInputError, RunWriter
+from megascope.tracer.layout import Layout
 
 REQUIRED = ("dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration")
 OPTIONAL = {"seq_id": -1, "mc": -1, "gmc": -1, "mb_id": -1}

@@ -118,7 +118,8 @@ def read_batch(store: Store, prefixes: list[str] | None, base: int, timeline: bo
 def batch_rank_step_sql(gap: str, verb: str) -> str:
     """rank_step.sql over one batch: its steps (_batch_steps) and its events' rows (_batch_peer_step)."""
     sql = load_sql("rank_step").replace("{gap}", gap)
-    for old, new in (("CREATE OR REPLACE TEMP TABLE rank_step AS", verb), ("FROM _rank_peer_step", "FROM _batch_peer_step"),
+    for old, new in (("CREATE OR REPLACE TEMP TABLE rank_step AS", verb),
+                     ("FROM _rank_peer_step", "FROM _batch_peer_step"),
                      ("FROM steps s", "FROM _batch_steps s")):
         if old not in sql:
             raise RuntimeError(f"rank_step.sql no longer holds '{old}'; update event_pass.batch_rank_step_sql")
@@ -202,7 +203,8 @@ def run_start_ns(store: Store) -> int:
     positive numbers."""
     # one rank's steps suffice (clocks are aligned across ranks; the hour of margin covers skew),
     # and reading one folder is instant where the whole steps table is 10^4 files
-    row = store.query(f"SELECT min(start_ns) AS t FROM {store.table_source('steps', [int(store.topology['rank'].iloc[0])])}")
+    first_rank = int(store.topology["rank"].iloc[0])
+    row = store.query(f"SELECT min(start_ns) AS t FROM {store.table_source('steps', [first_rank])}")
     if not len(row) or pd.isna(row.t.iloc[0]):
         row = store.query("SELECT min(start_ns) AS t FROM steps")
     value = row.t.iloc[0] if len(row) else None

@@ -72,7 +72,8 @@ def check_ranks(ranks: list[int], known: list[int]) -> None:
     """Refuse ranks the run does not have (an empty trace would look like a run without events)."""
     unknown = sorted(set(ranks) - set(known))
     if unknown:
-        raise ValueError(f"--ranks: rank(s) {spans_text(unknown)} are not in this run; it has ranks {spans_text(known)}")
+        raise ValueError(f"--ranks: rank(s) {spans_text(unknown)} are not in this run; "
+                         f"it has ranks {spans_text(known)}")
 
 
 def check_steps(steps: tuple[int, int], span: tuple[int, int] | None) -> None:

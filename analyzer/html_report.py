@@ -15,6 +15,12 @@ if TYPE_CHECKING:
     from megascope.analyzer.run import Run
 
 
+_STYLE = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
+          "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top}")
+_FINDINGS_HEADER = ("<tr><th>kind</th><th>steps</th><th>severity</th><th>throughput lost (what-if)</th>"
+                    "<th>ranks</th><th>summary</th></tr>")
+
+
 def _figures(run: "Run", report: dict) -> list[go.Figure]:
     mfu = run.mfu().per_step
     figs = []
@@ -24,7 +30,8 @@ def _figures(run: "Run", report: dict) -> list[go.Figure]:
     fig = go.Figure(go.Scatter(x=mfu.step, y=mfu.step_time_s, mode="lines+markers", name="step time"))
     fig.update_layout(title="Step time (s)", xaxis_title="step", yaxis_title="step_time(s)", height=320)
     figs.append(fig)
-    parts = run.breakdown().groupby("step")[["compute_s", "exposed_comm_s", "bubble_s", "data_wait_s", "other_s"]].mean()
+    columns = ["compute_s", "exposed_comm_s", "bubble_s", "data_wait_s", "other_s"]
+    parts = run.breakdown().groupby("step")[columns].mean()
     fig = go.Figure([go.Bar(x=parts.index, y=parts[c], name=c) for c in parts.columns])
     fig.update_layout(barmode="stack", title="Step-time breakdown, mean over ranks (s)", height=360)
     figs.append(fig)
@@ -56,20 +63,22 @@ def write_html(run: "Run", report: dict, path: str | Path) -> Path:
         "<tr><td colspan=6>No findings.</td></tr>"
     incomplete = "".join(f"<li>rank {d['rank']}, steps {d['steps'][0]}-{d['steps'][1]}: "
                          f"{html.escape(d['segment'])} is damaged</li>" for d in report.get("incomplete_data", []))
-    incomplete = (f"<h2>Incomplete data</h2><p>Left out of the diagnosis (neither slow nor fast):</p><ul>{incomplete}</ul>"
-                  if incomplete else "")
+    incomplete = ("<h2>Incomplete data</h2><p>Left out of the diagnosis (neither slow nor fast):</p>"
+                  f"<ul>{incomplete}</ul>" if incomplete else "")
     robust = "".join(f"<li>{html.escape(line)}</li>" for line in report.get("robustness", {}).get("summary", []))
     robust = f"<h2>Incidents and restarts</h2><ul>{robust}</ul>" if robust else ""
     figs = _figures(run, report)
     plots = "".join(pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figs))
     r = report["run"]
     mean = report["mfu"]["mean"]
-    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>megascope report {html.escape(str(r['run_id']))}</title>
-<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}</style>
+    title = html.escape(str(r["run_id"]))
+    shape = f"dp={r['dp']} tp={r['tp']} pp={r['pp']} vpp={r['vpp']}"
+    doc = f"""<!doctype html><html><head><meta charset="utf-8"><title>megascope report {title}</title>
+<style>{_STYLE}</style>
 </head><body><h1>megascope report</h1>
-<p>{html.escape(str(r['path']))}: {r['world']} ranks (dp={r['dp']} tp={r['tp']} pp={r['pp']} vpp={r['vpp']}), {r['steps']} steps,
+<p>{html.escape(str(r['path']))}: {r['world']} ranks ({shape}), {r['steps']} steps,
 mean MFU {'n/a' if mean is None else f'{100 * mean:.1f}%'}.</p>
-<h2>Findings</h2><table><tr><th>kind</th><th>steps</th><th>severity</th><th>throughput lost (what-if)</th><th>ranks</th><th>summary</th></tr>{rows}</table>
+<h2>Findings</h2><table>{_FINDINGS_HEADER}{rows}</table>
 {incomplete}
 {robust}
 <h2>Plots</h2>{plots}

@@ -46,10 +46,15 @@ def is_regular(topology: pd.DataFrame, dp: int, tp: int, cp: int | None = None) 
 
 def _keys(pp_c, dp_c, tp_c, cp_c, dp: int, tp: int, cp: int) -> dict[str, object]:
     """Instance key per group kind from coordinates (ints, numpy arrays or SQL expression strings)."""
-    return {"dp": f"{pp_c} * {tp} + {tp_c}" if isinstance(pp_c, str) else pp_c * tp + tp_c,
-            "tp": f"({pp_c} * {dp} + {dp_c}) * {cp} + {cp_c}" if isinstance(pp_c, str) else (pp_c * dp + dp_c) * cp + cp_c,
-            "pp": f"({dp_c} * {cp} + {cp_c}) * {tp} + {tp_c}" if isinstance(pp_c, str) else (dp_c * cp + cp_c) * tp + tp_c,
-            "cp": f"({pp_c} * {dp} + {dp_c}) * {tp} + {tp_c}" if isinstance(pp_c, str) else (pp_c * dp + dp_c) * tp + tp_c}
+    if isinstance(pp_c, str):
+        return {"dp": f"{pp_c} * {tp} + {tp_c}",
+                "tp": f"({pp_c} * {dp} + {dp_c}) * {cp} + {cp_c}",
+                "pp": f"({dp_c} * {cp} + {cp_c}) * {tp} + {tp_c}",
+                "cp": f"({pp_c} * {dp} + {dp_c}) * {tp} + {tp_c}"}
+    return {"dp": pp_c * tp + tp_c,
+            "tp": (pp_c * dp + dp_c) * cp + cp_c,
+            "pp": (dp_c * cp + cp_c) * tp + tp_c,
+            "cp": (pp_c * dp + dp_c) * tp + tp_c}
 
 
 def instance_sql(topology: pd.DataFrame, dp: int, tp: int, table: str = "", cp: int | None = None) -> str:

@@ -6,7 +6,8 @@
   culprit is the mean of culprit and victim and blames both alike.
 - Score x = log(value / reference): 0 = like its peers, 0.26 = 30% slower.
 - Noise: sigma = the typical step-to-step change of x (1.4826 x MAD of first differences, median over
-  ranks): a rank's persistent level or a fault's shift does not inflate it, nor do a few culprits. A simulated run has sigma ~ 0.5%; eight ranks sharing two CPU cores have 20-30%. Thresholds are
+  ranks): a rank's persistent level or a fault's shift does not inflate it, nor do a few culprits. A
+  simulated run has sigma ~ 0.5%; eight ranks sharing two CPU cores have 20-30%. Thresholds are
   multiples of sigma, so the same detector finds a 5% straggler in the one and ignores scheduler noise
   in the other.
 - Warm-up: leading steps far slower than the run's typical step (graph capture, allocator growth,

@@ -92,7 +92,8 @@ class Store:
         self.con.execute("CREATE TEMP TABLE topology AS SELECT * FROM _topology_df")
         self.con.unregister("_topology_df")
         self.files = {t: self._list_segments(t) for t in TABLES}
-        self._all_files = {t: list(fs) for t, fs in self.files.items()}  # damaged ones included        # cached footers make repeated queries (dashboard) faster, but on 10^5 segments the cache
+        self._all_files = {t: list(fs) for t, fs in self.files.items()}  # damaged ones included
+        # cached footers make repeated queries (dashboard) faster, but on 10^5 segments the cache
         # (~20 KB a file) would take GBs for files the event pass reads once
         cache = sum(len(f) for f in self.files.values()) <= METADATA_CACHE_MAX_FILES
         self.con.execute(f"SET parquet_metadata_cache={'true' if cache else 'false'}")
@@ -102,7 +103,8 @@ class Store:
         """Attempts after a rank's first (elastic restarts, attempts.py); when > 0 every events and
         steps source drops the rows of earlier attempts of a step."""
         times = attempts.restart_times_ns(self.path, self.manifest, self.warnings)
-        scan_steps = bool(self.files["steps"]) and (times is not None or len(self.files["steps"]) <= attempts.SCAN_MAX_FILES)
+        scan_steps = bool(self.files["steps"]) and (
+            times is not None or len(self.files["steps"]) <= attempts.SCAN_MAX_FILES)
         for table in TABLES:
             # a glob view binds its columns from the first file: a damaged one fails the view itself
             self.run_with_retry(lambda: self._make_view(table))
@@ -141,8 +143,8 @@ class Store:
             source = "[" + ", ".join("'" + f.replace("'", "''") + "'" for f in files) + "]"
         else:  # a glob binds much faster than a list of 10^4-10^5 paths
             source = "'" + str(self.path / table).replace("'", "''") + "/rank=*/*.parquet'"
-        self.con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS "
-                         + self._latest(table, f"SELECT {columns} FROM read_parquet({source}, hive_partitioning=false)"))
+        select = f"SELECT {columns} FROM read_parquet({source}, hive_partitioning=false)"
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW {table} AS " + self._latest(table, select))
 
     def _latest(self, table: str, select: str) -> str:
         """`select` over raw segments, less the rows of earlier attempts when the run restarted."""

@@ -300,7 +300,8 @@ class StragglerDetector:
         out = []
         own_sigma = noise_sigma(scores, "x_own_s")
         gap_sigma = noise_sigma(scores.assign(g=scores.gap_s - scores.ref_gap_s), "g", floor=1e-5)
-        flag = (scores.x_own_s >= max(math.log(cfg.min_ratio), min(cfg.z_late * own_sigma, math.log(cfg.gross_ratio)))) | \
+        own_min = max(math.log(cfg.min_ratio), min(cfg.z_late * own_sigma, math.log(cfg.gross_ratio)))
+        flag = (scores.x_own_s >= own_min) | \
                (scores.gap_s - scores.ref_gap_s >= max(cfg.min_gap_s, cfg.z_gap * gap_sigma))
         for rank, rows in self._candidates(scores, flag, cfg.late_min_count).groupby("rank"):
             if rank in stragglers:

@@ -216,7 +216,8 @@ def _rebuild_from(store: Store, first: int, timeline: bool, progress=None) -> No
         SELECT * FROM ({_SUMMARY_SELECT.format(rank_step="_summary_rank_step", late="_summary_late")})
         WHERE step >= {int(first)}""")
     for table in ("_summary_rank_step", "_summary_rank_step_incomplete", "_summary_collectives", "_summary_late",
-                  "_summary_partials", "_batch", "_batch_events", "_batch_steps", "_batch_peer_step", "_batch_partials"):
+                  "_summary_partials", "_batch", "_batch_events", "_batch_steps", "_batch_peer_step",
+                  "_batch_partials"):
         store.execute(f"DROP TABLE IF EXISTS {table}")
 
 

@@ -30,7 +30,8 @@ FAULTS = ["straggler:rank=1000,slowdown=0.1,from=40", "late_launch:rank=5000,ms=
 def _events(out: Path) -> int:
     import duckdb
     con = duckdb.connect()
-    return con.execute(f"SELECT count(*) FROM read_parquet('{out}/events/rank=*/*.parquet', hive_partitioning=false)").fetchone()[0]
+    sql = f"SELECT count(*) FROM read_parquet('{out}/events/rank=*/*.parquet', hive_partitioning=false)"
+    return con.execute(sql).fetchone()[0]
 
 
 def _cpu_children() -> float:
@@ -100,7 +101,8 @@ def main() -> int:
         from megascope.samples.simulator import SimConfig, simulate
         t = time.perf_counter()
         simulate(out, SimConfig(dp=args.dp, tp=args.tp, pp=args.pp, steps=args.steps,
-                                inject=[f for f in FAULTS if max(int(x) for x in f.split("=")[1].split(",")[0].split("-")) < world]))
+                                inject=[f for f in FAULTS
+                                        if max(int(x) for x in f.split("=")[1].split(",")[0].split("-")) < world]))
         gen_s = time.perf_counter() - t
     n_events = _events(out)
     disk = sum(f.stat().st_size for f in out.rglob("*.parquet"))

@@ -129,7 +129,8 @@ def main() -> None:
     rounds = result["rounds"]
     per_step = result["events"] / max(result["on_steps"], 1)
     print(f"job: samples/ddp_loop.py's model (width {args.width}, depth {args.depth}, batch {args.batch}), "
-          f"DDP on 2 gloo ranks; on = {args.variant}; {args.rounds} rounds x {args.steps} steps per mode, interleaved; rank 0; "
+          f"DDP on 2 gloo ranks; on = {args.variant}; {args.rounds} rounds x {args.steps} steps per mode, "
+          "interleaved; rank 0; "
           f"{per_step:.1f} events/step")
     print("| statistic | off (ms) | on (ms) | on/off (95% CI) | overhead % | median of per-round ratios |")
     print("|---|---:|---:|---:|---:|---:|")

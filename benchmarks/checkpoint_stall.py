@@ -117,7 +117,8 @@ def main() -> None:
     parser.add_argument("--preset", default="small")
     parser.add_argument("--saves", type=int, default=4)
     args = parser.parse_args()
-    print(f"## Training stall per checkpoint ({args.preset} preset, dp=2 ZeRO, gloo on CPU; median over ranks x saves)\n")
+    print(f"## Training stall per checkpoint ({args.preset} preset, dp=2 ZeRO, gloo on CPU; "
+          "median over ranks x saves)\n")
     print("| save | state per rank (MiB) | stall median (ms) | stall max (ms) | persist (ms) | step (ms) |")
     print("|---|---|---|---|---|---|")
     for mode in ("async", "sync"):
@@ -126,7 +127,8 @@ def main() -> None:
         print(f"| {name} | {r['mb_per_rank']:.1f} | {r['stall_ms']:.1f} | {r['stall_max_ms']:.1f} | "
               f"{r['write_ms']:.1f} | {r['step_ms']:.1f} |")
     print("\n## Failure to resumed training (tiny preset, dp=2 pp=2, checkpoint every 2 steps, one elastic restart)\n")
-    print("| fault | detected as | detection -> restarted group (s) | detection -> first resumed step done (s) | whole job (s) |")
+    print("| fault | detected as | detection -> restarted group (s) | detection -> first resumed step done (s) "
+          "| whole job (s) |")
     print("|---|---|---|---|---|")
     for r in measure_recovery():
         print(f"| `{r['fault']}` | {r['detected_as']} | {r['detect_to_restart_s']:.1f} | "

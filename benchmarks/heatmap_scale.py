@@ -52,7 +52,8 @@ WITH _g AS (
            3 * {mb} * {f} * (1 + ({pp} - 1.0) / {mb}) * (1 + 0.01 * us) + 0.02 + 3 * {mb} * {f} * job_slow AS st
     FROM _g
 ), _p AS (
-    SELECT *, 2 * fwd AS bwd, 0.005::DOUBLE AS opt, 0.004 + 0.002 * u AS coll, 0.0005::DOUBLE AS dw, 0.0002 + 0.0003 * u AS gap FROM _t
+    SELECT *, 2 * fwd AS bwd, 0.005::DOUBLE AS opt, 0.004 + 0.002 * u AS coll, 0.0005::DOUBLE AS dw,
+           0.0002 + 0.0003 * u AS gap FROM _t
 )
 SELECT rank::INTEGER AS rank, step::BIGINT AS step, pp::INTEGER AS pp, dp::INTEGER AS dp, tp::INTEGER AS tp,
     host::VARCHAR AS host,
@@ -174,7 +175,8 @@ def child_metric(run_dir: str, metric: str, repeat: int) -> dict:
 def make_build_run(out: Path, dp: int, tp: int, pp: int, steps: int) -> int:
     from megascope.samples.simulator import SimConfig, simulate
 
-    if not (out / "run.json").exists() or json.loads((out / "run.json").read_text())["topology"]["world"] != dp * tp * pp \
+    if not (out / "run.json").exists() \
+            or json.loads((out / "run.json").read_text())["topology"]["world"] != dp * tp * pp \
             or json.loads((out / "run.json").read_text())["config"]["train"]["steps"] != steps:
         shutil.rmtree(out, ignore_errors=True)
         simulate(out, SimConfig(dp=dp, tp=tp, pp=pp, steps=steps, inject=["straggler:rank=3,slowdown=1.3,from=20"]))
@@ -301,7 +303,8 @@ def main() -> int:
     print("| case | open (s) | summary (s) | how | peak RSS (MB) |\n|---|---|---|---|---|")
     for case in ("full build", "reuse"):
         r = _in_child("build", str(build))
-        print(f"| {case} | {r['open_s']:.2f} | {r['summary_s']:.2f} | {r['how']} | {r['peak_rss_mb']:.0f} |", flush=True)
+        print(f"| {case} | {r['open_s']:.2f} | {r['summary_s']:.2f} | {r['how']} | {r['peak_rss_mb']:.0f} |",
+              flush=True)
     first_new = args.build_steps - max(1, args.build_steps // 10)
     held = args.out / "held-back"
     split_newest_steps(build, first_new, held)

@@ -128,7 +128,8 @@ def main() -> None:
     for label, path in (("JSON", src), ("JSON.gz", gz)):
         for mode in ("megascope import", "json.load"):
             r = measure("import" if mode.startswith("megascope") else "json.load", path, root / "run")
-            print(f"| {label} | {mode} | {r['s']:.1f} | {mb / r['s']:.1f} | {events / r['s']:,.0f} | {r['rss_mb']:.0f} |")
+            print(f"| {label} | {mode} | {r['s']:.1f} | {mb / r['s']:.1f} | {events / r['s']:,.0f} "
+                  f"| {r['rss_mb']:.0f} |")
 
 
 if __name__ == "__main__":

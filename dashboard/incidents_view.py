@@ -83,7 +83,8 @@ def _flagged_measures(record: dict[str, Any]) -> str:
     ranks = self_check_ranks(record)
     if ranks.empty or not ranks["flagged"].any():
         return ""
-    numeric = [c for c in ranks.columns if c not in ("rank", "host", "flagged") and pd.api.types.is_numeric_dtype(ranks[c])]
+    numeric = [c for c in ranks.columns
+               if c not in ("rank", "host", "flagged") and pd.api.types.is_numeric_dtype(ranks[c])]
     medians = ranks[numeric].median()
     out = []
     for row in ranks[ranks["flagged"]].itertuples(index=False):

@@ -56,7 +56,8 @@ def take_screenshots(runs: list[str], out_dir: Path, pages: dict[str, tuple[str,
             driver.get(server.url + path + (("&" if "?" in path else "?") + query if query else ""))
             wait_for(driver, selector)
             if scroll:
-                driver.execute_script("document.querySelector(arguments[0]).closest('.panel').scrollIntoView()", scroll[0])
+                driver.execute_script("document.querySelector(arguments[0]).closest('.panel').scrollIntoView()",
+                                      scroll[0])
                 time.sleep(0.3)
             target = out_dir / f"{prefix}{name}.png"
             driver.save_screenshot(str(target))

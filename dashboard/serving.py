@@ -55,7 +55,8 @@ def port_problem(host: str, port: int) -> str | None:
             probe.bind(address)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                return f"port {port} on {host} is busy (another dashboard?); pass another --port, e.g. --port {port + 1}"
+                return (f"port {port} on {host} is busy (another dashboard?); "
+                        f"pass another --port, e.g. --port {port + 1}")
             if exc.errno == errno.EACCES:
                 return f"port {port} needs privileges on this machine; pass a --port above 1023"
             return f"cannot listen on {host}:{port} ({exc.strerror}); pass another --host or --port"

@@ -123,7 +123,7 @@ def _flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: in
 if HAS_TRITON:
 
     @triton.jit
-    def _flash_fwd_kernel(Q, K, V, O, scale_log2,
+    def _flash_fwd_kernel(Q, K, V, Out, scale_log2,
                           sqb, sqh, sqs, sqd, skb, skh, sks, skd, svb, svh, svs, svd, sob, soh, sos, sod,
                           H, S, WINDOW,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -168,5 +168,5 @@ if HAS_TRITON:
                 acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
             m_i = m_new
         acc = acc / l_i[:, None]
-        tl.store(O + bi * sob + hi_ * soh + rows[:, None] * sos + offs_d[None, :] * sod,
-                 acc.to(O.dtype.element_ty), mask=rows[:, None] < S)
+        tl.store(Out + bi * sob + hi_ * soh + rows[:, None] * sos + offs_d[None, :] * sod,
+                 acc.to(Out.dtype.element_ty), mask=rows[:, None] < S)

@@ -22,7 +22,8 @@ class ProgressBar:
         if not self.enabled or total <= 0:
             return
         filled = int(self.width * min(done, total) / total)
-        text = f"{label:<12} [{'#' * filled}{'.' * (self.width - filled)}] {done}/{total} {time.monotonic() - self.t0:5.1f}s"
+        bar = "#" * filled + "." * (self.width - filled)
+        text = f"{label:<12} [{bar}] {done}/{total} {time.monotonic() - self.t0:5.1f}s"
         if text == self._last:
             return
         # pad over what a longer previous line left on screen ("updating the rank-step summary" then "done")

@@ -118,7 +118,8 @@ class Timeline:
                 hit = ((ra == a) & (rb == b)) | ((ra == b) & (rb == a))
             else:  # a collective group holding both ranks: every member's transfer is slow
                 ranks = self.rank_table[stage_a].reshape(self.dp, self.tp)
-                has = lambda r: (ranks == r).any(axis=0 if axis == "dp" else 1, keepdims=True)
+                def has(r: int) -> np.ndarray:
+                    return (ranks == r).any(axis=0 if axis == "dp" else 1, keepdims=True)
                 hit = np.broadcast_to(has(a) & has(b), ranks.shape).reshape(-1)
             if f.kind == "flap":
                 extra = np.where(hit, extra + f.ms / 1e3, extra)
@@ -186,7 +187,7 @@ class Timeline:
 
     # ---- one step ----------------------------------------------------------------------------
     def run_step(self, step: int) -> None:
-        c, pp = self.costs, self.pp
+        pp = self.pp
         for log in self.logs:
             log.begin_step()
         step_factor = self.rng.lognormal(0, self.noise.step_sigma)

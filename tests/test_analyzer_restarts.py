@@ -94,7 +94,8 @@ def test_restarted_run_analyzes_like_the_run_without_the_replayed_steps(runs, tm
     assert restarted.store.attempt_bounds == 4 and reference.store.attempt_bounds == 0
     pd.testing.assert_frame_equal(restarted.steps(), reference.steps())
     everything = "SELECT * FROM events"
-    pd.testing.assert_frame_equal(_sorted(restarted.store.query(everything)), _sorted(reference.store.query(everything)))
+    pd.testing.assert_frame_equal(_sorted(restarted.store.query(everything)),
+                                  _sorted(reference.store.query(everything)))
     one = restarted.store.table_source("events", [1])  # per-rank sources are filtered too
     assert restarted.store.query(f"SELECT count(*) AS n FROM {one}").n.iloc[0] == \
         reference.store.query(f"SELECT count(*) AS n FROM {reference.store.table_source('events', [1])}").n.iloc[0]

@@ -49,7 +49,8 @@ def test_wait_spans_do_not_change_the_graph_or_the_what_if(plain, tmp_path):
     assert deps.groupby("kind").wait_s.sum().round(6).to_dict() == \
         base.dependencies(2).groupby("kind").wait_s.sum().round(6).to_dict()
     finding = next(f for f in base.findings() if f.kind == "straggler")
-    assert waits.what_if(finding)["throughput_lost"] == pytest.approx(base.what_if(finding)["throughput_lost"], abs=1e-3)
+    assert waits.what_if(finding)["throughput_lost"] == pytest.approx(
+        base.what_if(finding)["throughput_lost"], abs=1e-3)
 
 
 def test_p2p_transfer_floors_are_not_read_as_link_times_on_cpu_traces(tmp_path):

@@ -27,5 +27,6 @@ def test_hf_trainer_slow_rank_is_named_the_straggler(tmp_path):
     _torchrun("hf_trainer.py", tmp_path / "run", *SLOW)
     found = _analyze(tmp_path / "run")
     stragglers = [f for f in found if f["kind"] == "straggler"]
-    assert [f["ranks"] for f in stragglers] == [[1]], [(f["kind"], f["ranks"], f["steps"], f["severity"]) for f in found]
+    assert [f["ranks"] for f in stragglers] == [[1]], \
+        [(f["kind"], f["ranks"], f["steps"], f["severity"]) for f in found]
     assert 6 <= stragglers[0]["steps"][0] <= 9

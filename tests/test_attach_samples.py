@@ -100,7 +100,8 @@ def test_slow_rank_is_named_the_straggler(tmp_path, sample):
     _torchrun(sample, tmp_path / "run", *SLOW)
     found = _analyze(tmp_path / "run")
     stragglers = [f for f in found if f["kind"] == "straggler"]
-    assert [f["ranks"] for f in stragglers] == [[1]], [(f["kind"], f["ranks"], f["steps"], f["severity"]) for f in found]
+    assert [f["ranks"] for f in stragglers] == [[1]], \
+        [(f["kind"], f["ranks"], f["steps"], f["severity"]) for f in found]
     assert 6 <= stragglers[0]["steps"][0] <= 9  # slowed from step 8
     if sample == "ddp_loop.py":  # and the dashboard shows it: overview finding, heatmap row
         shown = _dashboard(tmp_path / "run")

@@ -55,7 +55,8 @@ def clean(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def straggler(tmp_path_factory) -> Path:
-    return segmented_run(tmp_path_factory.mktemp("straggler") / "run", [f"straggler:rank={STRAGGLER},slowdown=0.3,from=2"])
+    return segmented_run(tmp_path_factory.mktemp("straggler") / "run",
+                         [f"straggler:rank={STRAGGLER},slowdown=0.3,from=2"])
 
 
 def copy(run: Path, tmp_path: Path) -> Path:
@@ -109,7 +110,8 @@ def test_rank0_first_segment_damaged_is_dropped_with_a_warning(clean, tmp_path, 
     assert report["findings"] == []  # a clean run stays clean: rank 0's missing steps are no slowdown
     # no readable segment before it: every step up to the next segment's first is incomplete
     last = 2 if table == "steps" else 3
-    assert report["incomplete_data"] == [{"rank": 0, "steps": [0, last], "segment": f"{table}/rank=00000/seg-000000.parquet"}]
+    assert report["incomplete_data"] == [
+        {"rank": 0, "steps": [0, last], "segment": f"{table}/rank=00000/seg-000000.parquet"}]
     assert len(report["mfu"]["per_step"]) == STEPS
 
 
@@ -125,7 +127,8 @@ def test_truncated_segment_on_another_rank_is_incomplete_data_not_a_straggler(st
     assert [(f["kind"], f["ranks"]) for f in report["findings"]] == [("straggler", [STRAGGLER])]
     assert 1.2 < report["findings"][0]["severity"] < 1.4
     # steps 2 and 6 share segments with the lost one (a flush can split a step): left out too
-    assert report["incomplete_data"] == [{"rank": 1, "steps": [2, 6], "segment": "events/rank=00001/seg-000001.parquet"}]
+    assert report["incomplete_data"] == [
+        {"rank": 1, "steps": [2, 6], "segment": "events/rank=00001/seg-000001.parquet"}]
     text = megascope("analyze", run)
     assert "Incomplete data" in text.stdout and "rank 1, steps 2-6: events/rank=00001/seg-000001.parquet" in text.stdout
     # the data layer: no detector can see them; their steps rows still count in the MFU timeline

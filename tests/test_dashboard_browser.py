@@ -164,7 +164,8 @@ def test_timeline_event_click_highlights_what_it_waited_on_and_what_waited_on_it
     # the outlines are drawn in the figure: black (selected), blue (waited on), green (waited on it)
     strokes = set(driver.execute_script(_OUTLINE_STROKES_JS))
     assert {"rgb(0, 0, 0)", "rgb(31, 119, 180)", "rgb(44, 160, 44)"} <= strokes, strokes
-    outlined = driver.execute_script("""return Object.fromEntries(document.querySelector('#timeline-graph .js-plotly-plot')
+    outlined = driver.execute_script("""return Object.fromEntries(
+        document.querySelector('#timeline-graph .js-plotly-plot')
         ._fullData.filter(t => ['selected', 'waited on', 'waited on it'].includes(t.name))
         .map(t => [t.name, Array.from(t.customdata)]));""")
     assert outlined["selected"] == [target]

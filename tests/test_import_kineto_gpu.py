@@ -101,7 +101,8 @@ def gpu_trace(rank: int, world: int = 2) -> tuple[dict, list[dict]]:
         "traceEvents": cpu + gpu + flows + [
             {"name": "process_name", "ph": "M", "ts": 0, "pid": PID, "tid": 0, "args": {"name": "python"}},
             {"name": "process_name", "ph": "M", "ts": 0, "pid": rank, "tid": 0, "args": {"name": f"GPU {rank}"}},
-            {"name": "thread_name", "ph": "M", "ts": 0, "pid": rank, "tid": STREAM, "args": {"name": f"stream {STREAM}"}},
+            {"name": "thread_name", "ph": "M", "ts": 0, "pid": rank, "tid": STREAM,
+             "args": {"name": f"stream {STREAM}"}},
         ],
         "traceName": f"trace_rank{rank}.json", "displayTimeUnit": "ms", "baseTimeNanoseconds": BASE_NS,
     }

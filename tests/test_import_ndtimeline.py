@@ -256,7 +256,8 @@ def test_context_parallel_analysis_uses_cp_groups(tmp_path: Path):
 def test_context_parallel_layout_mistakes_are_one_line(tmp_path: Path, capsys):
     src, meta = _cp_trace(tmp_path)
     cases = [
-        (["--dp", "4", "--pp", "2", "--tp", "1"], "rank 15 is outside the world of 8 ranks (dp=4 x tp=1 x pp=2) (context/sequence parallelism? pass --cp"),
+        (["--dp", "4", "--pp", "2", "--tp", "1"],
+         "rank 15 is outside the world of 8 ranks (dp=4 x tp=1 x pp=2) (context/sequence parallelism? pass --cp"),
         (["--cp", "1", "--meta", str(meta)], "--cp 1 contradicts cp=2 in job.yaml"),
         (["--tp", "2", "--meta", str(meta)], "--tp 2 contradicts tp=1 in job.yaml"),
     ]

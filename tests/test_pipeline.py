@@ -189,8 +189,8 @@ def test_model_flops_reduce_to_megatron_formula():
 def test_sliding_window_scales_only_the_attention_term():
     full = ModelConfig(n_layers=4, hidden=256, n_heads=4, seq_len=1024, vocab_size=256)
     windowed = ModelConfig(n_layers=4, hidden=256, n_heads=4, seq_len=1024, vocab_size=256, window=256)
-    b, s, l, h = 8, 1024, 4, 256
-    attention_saved = 3 * b * s * l * 4 * h * (1024 - 256)  # fwd+bwd of QK^T and AV on 768 fewer keys
+    b, s, L, h = 8, 1024, 4, 256
+    attention_saved = 3 * b * s * L * 4 * h * (1024 - 256)  # fwd+bwd of QK^T and AV on 768 fewer keys
     assert model_flops_per_step(full, b) - model_flops_per_step(windowed, b) == pytest.approx(attention_saved)
     wide = ModelConfig(n_layers=4, hidden=256, n_heads=4, seq_len=1024, vocab_size=256, window=4096)
     assert model_flops_per_step(wide, b) == model_flops_per_step(full, b)

@@ -68,7 +68,8 @@ def test_report_of_each_finding_kind_validates(reports, name):
 
 def test_cli_json_report_validates(reports, tmp_path):
     """What the command prints (not only what build_report returns), what-if skipped too."""
-    run = simulate(tmp_path / "run", SimConfig(dp=2, tp=2, pp=2, steps=12, inject=["straggler:rank=3,slowdown=0.3,from=4"]))
+    run = simulate(tmp_path / "run",
+                   SimConfig(dp=2, tp=2, pp=2, steps=12, inject=["straggler:rank=3,slowdown=0.3,from=4"]))
     for extra in ([], ["--no-what-if"]):
         proc = subprocess.run([sys.executable, "-m", "megascope", "analyze", str(run), "--json", *extra],
                               capture_output=True, text=True, timeout=300)

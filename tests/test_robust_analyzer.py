@@ -8,7 +8,8 @@ from megascope.analyzer import incidents, self_checks
 
 
 def test_incidents_and_recovery_time(tmp_path):
-    lines = [{"time": 100.0, "kind": "dead_rank", "attempt": 0, "ranks": [1], "detail": "rank 1 died", "action": "restart"},
+    lines = [{"time": 100.0, "kind": "dead_rank", "attempt": 0, "ranks": [1], "detail": "rank 1 died",
+              "action": "restart"},
              {"time": 104.0, "kind": "restart", "attempt": 1, "detail": "attempt 1"},
              {"time": 107.5, "kind": "resumed", "attempt": 1, "step": 4, "detail": "step 4 done"}]
     (tmp_path / "incidents.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n{cut")

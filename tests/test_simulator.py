@@ -81,7 +81,8 @@ def test_hang_writes_inflight(tmp_path):
     out = simulate(tmp_path / "hang", SimConfig(dp=2, tp=2, pp=2, steps=6, inject=["hang:rank=5,at=2"]))
     records = [json.loads(p.read_text()) for p in (out / "inflight").glob("rank=*.json")]
     assert records and all(r["rank"] != 5 for r in records)
-    assert {"rank", "step", "microbatch", "op", "group", "seq", "peers", "bytes", "since_ns", "last_completed"} <= set(records[0])
+    assert {"rank", "step", "microbatch", "op", "group", "seq", "peers", "bytes", "since_ns",
+            "last_completed"} <= set(records[0])
     assert not (out / "inflight" / "rank=00005.json").exists()
     assert any(5 in r["peers"] for r in records)
 

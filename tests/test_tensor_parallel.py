@@ -79,7 +79,8 @@ def _check(results: list[list[dict]], cases: list) -> None:
             assert worst[1] < 1e-6, f"{label}: gradient of {worst[0]} differs by {worst[1]:.3g}"
             assert "blocks.0.attn.qkv.weight" in r["sharded"] and "embed.weight" in r["sharded"]
             if sp:
-                assert {"pos.weight", "norm_f.weight", "blocks.0.ln_1.bias", "blocks.1.mlp.fc2.bias"} <= set(r["partial"])
+                assert {"pos.weight", "norm_f.weight", "blocks.0.ln_1.bias",
+                        "blocks.1.mlp.fc2.bias"} <= set(r["partial"])
             else:
                 assert r["partial"] == []
 

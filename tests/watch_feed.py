@@ -35,7 +35,8 @@ class Feeder:
         steps: set[int] = set()
         for table in ("events", "steps"):
             for folder in sorted((source / table).glob("rank=*")):
-                data = pa.concat_tables([pq.read_table(f, partitioning=None) for f in sorted(folder.glob("seg-*.parquet"))])
+                segments = sorted(folder.glob("seg-*.parquet"))
+                data = pa.concat_tables([pq.read_table(f, partitioning=None) for f in segments])
                 self.tables.append((folder.relative_to(source), data))
                 steps.update(data.column("step").to_pylist())
         self.steps = sorted(steps)

@@ -62,11 +62,11 @@ def hardware_flops_per_step(model_cfg: ModelConfig, global_batch: int, recompute
 
 def megatron_model_flops(model_cfg: ModelConfig, global_batch: int) -> float:
     """The paper's closed form (full attention, ffn_mult=4), kept to check the general count against."""
-    b, s, l, h, v = global_batch, model_cfg.seq_len, model_cfg.n_layers, model_cfg.hidden, model_cfg.vocab_size
-    return 72.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (12 * l * h))
+    b, s, L, h, v = global_batch, model_cfg.seq_len, model_cfg.n_layers, model_cfg.hidden, model_cfg.vocab_size
+    return 72.0 * b * s * L * h * h * (1 + s / (6 * h) + v / (12 * L * h))
 
 
 def megatron_full_recompute_flops(model_cfg: ModelConfig, global_batch: int) -> float:
     """Megatron's 96 B s l h^2 (1 + s/(6h) + V/(16 l h)): hardware FLOPs with full recomputation."""
-    b, s, l, h, v = global_batch, model_cfg.seq_len, model_cfg.n_layers, model_cfg.hidden, model_cfg.vocab_size
-    return 96.0 * b * s * l * h * h * (1 + s / (6 * h) + v / (16 * l * h))
+    b, s, L, h, v = global_batch, model_cfg.seq_len, model_cfg.n_layers, model_cfg.hidden, model_cfg.vocab_size
+    return 96.0 * b * s * L * h * h * (1 + s / (6 * h) + v / (16 * L * h))

@@ -27,8 +27,9 @@ def layout(metric: str = "compute", group_by: str = "rank", **_query: str) -> ht
                                                options=[{"label": v, "value": k} for k, v in METRICS.items()])]),
             html.Label(["rows", dcc.RadioItems(id="heatmap-group", value=group_by, inline=True,
                                                options=[{"label": v, "value": k} for k, v in GROUPINGS.items()])]),
-            html.Label(["order ranks by", dcc.RadioItems(id="heatmap-order", value="rank", inline=True,
-                                                         options=[{"label": v, "value": k} for k, v in _ORDERS.items()])]),
+            html.Label(["order ranks by", dcc.RadioItems(
+                id="heatmap-order", value="rank", inline=True,
+                options=[{"label": v, "value": k} for k, v in _ORDERS.items()])]),
         ]),
         html.P("Click a cell to open that step in the timeline.", className="muted"),
         dcc.Loading(dcc.Graph(id="heatmap-graph", config={"displaylogo": False})),

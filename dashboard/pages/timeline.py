@@ -114,8 +114,10 @@ def selection_details(events: pd.DataFrame, deps: pd.DataFrame, highlight: Highl
 
     return html.Div(id="timeline-selection", children=[
         html.H3(f"Selected: {describe(highlight.selected)}"),
-        html.H4("waited on"), html.Ul(edges("dst_event_id", "src_event_id", highlight.waited_on) or [html.Li("nothing")]),
-        html.H4("waited on it"), html.Ul(edges("src_event_id", "dst_event_id", highlight.waited_by) or [html.Li("nothing")]),
+        html.H4("waited on"),
+        html.Ul(edges("dst_event_id", "src_event_id", highlight.waited_on) or [html.Li("nothing")]),
+        html.H4("waited on it"),
+        html.Ul(edges("src_event_id", "dst_event_id", highlight.waited_by) or [html.Li("nothing")]),
     ])
 
 

@@ -27,8 +27,9 @@ def layout(color: str = "step_time", ranks: str | None = None, **_query: str) ->
     return html.Div([
         html.H2("Topology: pipeline stages x data-parallel replicas x tensor-parallel ranks"),
         html.Div(className="controls", children=[
-            html.Label(["color by", dcc.Dropdown(id="topology-color", value=color if color in _COLORS else "step_time",
-                                                 clearable=False, options=[{"label": v, "value": k} for k, v in _COLORS.items()])]),
+            html.Label(["color by", dcc.Dropdown(
+                id="topology-color", value=color if color in _COLORS else "step_time", clearable=False,
+                options=[{"label": v, "value": k} for k, v in _COLORS.items()])]),
         ]),
         html.Div(id="topology-hang"),
         dcc.Store(id="topology-rank", data=first if first >= 0 else None),

@@ -212,8 +212,9 @@ def _convert_rank(rank: int, dump: dict, layout: Layout, groups: dict[str, list[
         last = rec
     if inflight:
         waiting = inflight[0]
+        timeout_s = (dump["entries"][0].get("timeout_ms") or 0) / 1e3 if dump["entries"] else None
         writer.inflight(rank, {"state": "waiting", "written_ns": max(r["since_ns"] for r in inflight),
-                               "timeout_s": (dump["entries"][0].get("timeout_ms") or 0) / 1e3 if dump["entries"] else None,
+                               "timeout_s": timeout_s,
                                "waiting_on": waiting, "inflight": inflight, "last_completed": last,
                                # flat copy of the waited-on op: the analyzer's hang graph reads these
                                **{k: waiting[k] for k in ("op", "group", "seq", "peers", "bytes", "since_ns",

@@ -394,7 +394,8 @@ def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int 
                     remove_spool(rest.gpu_spool)
             pool.join()
     if one_step:
-        writer.note(f"no ProfilerStep#N annotations in the trace of rank(s) {', '.join(map(str, sorted(one_step)[:16]))}"
+        listed = ", ".join(map(str, sorted(one_step)[:16]))
+        writer.note(f"no ProfilerStep#N annotations in the trace of rank(s) {listed}"
                     f"{' ...' if len(one_step) > 16 else ''}: each profiled region was imported as one step (step 0); "
                     "for per-step analysis profile with torch.profiler.schedule(...) and call prof.step() every step")
     if layout is None:

@@ -9,8 +9,9 @@ parallelism: cp, Megatron order tp, cp, dp, pp.
 The conversion is one DuckDB query (sorting and numbering spill to disk, so memory stays bounded):
 optypes map to our event names (docs/importers.md has the table), p2p peers are the worker of the
 neighbouring stage at the same position in the same data-parallel replica (same cp and tp
-coordinates; the replica's one worker there when the trace holds one per (dp, stage)), sequence numbers count each rank's ops per group
-(collectives) or per peer and direction (p2p) in time order, as the tracer numbers them.
+coordinates; the replica's one worker there when the trace holds one per (dp, stage)), sequence numbers
+count each rank's ops per group (collectives) or per peer and direction (p2p) in time order, as the
+tracer numbers them.
 Such traces often hold one worker per (dp, stage) rather than every tensor-parallel rank; the run then
 lists only those workers in its topology.
 """

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from megascope.tracer.importers.layout import Layout
+from megascope.tracer.layout import Layout
 
 KINDS = ("dp", "tp", "pp", "cp")
 _AXES = ("pp", "dp", "cp", "tp")

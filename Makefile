@@ -26,6 +26,7 @@ demo: setup
 	$(VENV)/bin/megascope demo
 
 test: $(TESTSTAMP)
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 bench: setup

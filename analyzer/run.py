@@ -204,7 +204,8 @@ class Run:
                 continue
             sel = late[late["rank"].isin(f.ranks) & late.step.between(*f.steps)]
             f.evidence["collectives_arrived_last"] = int(sel.late_count.sum())
-            f.evidence["lateness_ms_per_step"] = round(1e3 * float(sel.lateness_s.sum()) / max(1, f.steps[1] - f.steps[0] + 1), 3)
+            n_steps = max(1, f.steps[1] - f.steps[0] + 1)
+            f.evidence["lateness_ms_per_step"] = round(1e3 * float(sel.lateness_s.sum()) / n_steps, 3)
 
     def incomplete_data(self) -> list[dict[str, Any]]:
         """Rank-steps left out of the diagnosis because a damaged segment may have held part of them:

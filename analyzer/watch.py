@@ -31,11 +31,17 @@ from megascope.analyzer.report import json_safe
 from megascope.analyzer.run import Run
 from megascope.analyzer.store import RunOpenError, Store
 from megascope.analyzer.watch_metrics import WatchMetrics
-from megascope.analyzer.watch_sinks import (BackgroundSink, JsonlSink, Record, StdoutSink, now_iso, post_json,
-                                            run_command)
+from megascope.analyzer.watch_sinks import (
+    BackgroundSink,
+    JsonlSink,
+    Record,
+    StdoutSink,
+    now_iso,
+    post_json,
+    run_command,
+)
 from megascope.analyzer.watch_tracker import Tracker, key_of
-from megascope.analyzer.watch_window import (Progress, ProgressFollower, SegmentSteps, analyze_full,
-                                             analyze_window)
+from megascope.analyzer.watch_window import Progress, ProgressFollower, SegmentSteps, analyze_full, analyze_window
 from megascope.tracer import run_dir as rd
 
 FINDINGS_FILE = "findings.jsonl"

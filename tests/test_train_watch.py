@@ -49,8 +49,8 @@ def test_watch_names_the_straggler_and_gives_the_verdict(tmp_path):
 
 def test_failed_job_keeps_its_exit_code_and_the_watcher_is_stopped(tmp_path):
     run = tmp_path / "run"
-    proc = train("--dp", "2", "--steps", "12", "--run-dir", str(run), "--inject", "crash:rank=1,at=4", "--max-restarts", "0",
-                 "--watch")
+    proc = train("--dp", "2", "--steps", "12", "--run-dir", str(run), "--inject", "crash:rank=1,at=4",
+                 "--max-restarts", "0", "--watch")
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "rank 1 failed" in proc.stderr
     assert "watch: stopped without a final verdict (the job did not finish)" in proc.stderr

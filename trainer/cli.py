@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from megascope.trainer.config_docs import field_docs
 from megascope.trainer.config import ConfigError, JobConfig, apply_overrides, load_toml, validate
+from megascope.trainer.config_docs import field_docs
 from megascope.trainer.faults import FaultSpec, FaultSpecError, parse_specs
 from megascope.trainer.presets import PRESETS, preset
 
@@ -155,7 +155,8 @@ def watch_args(args: argparse.Namespace) -> list[str] | None:
 
     extra = parse_watch_args(args.watch_args)
     # the watcher's own parser and checks (the analyzer is needed for --watch anyway: the watcher runs on it)
-    from megascope.analyzer.watch_cli import add_parser as add_watch_parser, check_args
+    from megascope.analyzer.watch_cli import add_parser as add_watch_parser
+    from megascope.analyzer.watch_cli import check_args
 
     class _Refused(argparse.ArgumentParser):
         def error(self, message: str):

@@ -19,13 +19,13 @@ import time
 import uuid
 from pathlib import Path
 
+from megascope.tracer.run_dir import run_entries
 from megascope.trainer.checkpoint import CheckpointLayoutError, check_resumable, latest_complete
 from megascope.trainer.config import JobConfig
 from megascope.trainer.heartbeat import heartbeat_dir, read_heartbeats
 from megascope.trainer.preflight import check_data, check_device, check_run_dir
 from megascope.trainer.supervisor import Supervisor, append_incident, process_alive
 from megascope.trainer.watch_child import WatchChild
-from megascope.tracer.run_dir import run_entries
 
 
 def default_run_dir() -> str:

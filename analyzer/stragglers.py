@@ -125,7 +125,8 @@ class StragglerDetector:
         return binomial_tail(k, n, rate) * getattr(self, "_trials", 1) > self.cfg.chance_alpha
 
     def episode(self, rows: pd.DataFrame, measure: str, sigma: float, max_gap: int, min_count: int,
-                z_flag: float | None = None, null_rate: float | None = None) -> Episode | None:
+                z_flag: float | None = None, null_rate: float | None = None,
+                gross_rate: float | None = None) -> Episode | None:
         """The persistent stretch where the rank's `measure` (log-ratio score x_<measure>) stands out
         from its peers by >= max(log min_ratio, z_flag sigma) and >= min_excess_frac of the step."""
         cfg = self.cfg
@@ -135,11 +136,14 @@ class StragglerDetector:
         # persistence tests still apply): noise must not hide a gross straggler
         threshold = max(math.log(cfg.min_ratio), min((z_flag or cfg.z_flag) * sigma, math.log(cfg.gross_ratio)))
         return self.stretch(rows, x, threshold, extra_ok, sigma, max_gap, min_count, periodic=max_gap > 3,
-                            null_rate=null_rate)
+                            null_rate=null_rate, gross_rate=gross_rate)
 
     def stretch(self, rows: pd.DataFrame, score: pd.Series, threshold: float, extra_ok: pd.Series, sigma: float,
-                max_gap: int, min_count: int, periodic: bool = False, null_rate: float | None = None) -> Episode | None:
-        """Flagged steps (score >= threshold and extra_ok), persistent runs of them, and the onset."""
+                max_gap: int, min_count: int, periodic: bool = False, null_rate: float | None = None,
+                gross_rate: float | None = None) -> Episode | None:
+        """Flagged steps (score >= threshold and extra_ok), persistent runs of them, and the onset.
+        null_rate / gross_rate: the run's rate of rank-steps at the flag threshold / at log(gross_ratio),
+        for the chance test (none: no chance test)."""
         flag = (score >= threshold) & extra_ok
         found = persistent_runs(rows.step[flag], min_count, max_gap=max_gap)
         if not found:
@@ -154,7 +158,15 @@ class StragglerDetector:
         if not periodic and len(flagged) < self.cfg.min_flagged_share * observed:
             return None  # scattered flags merged across noisy gaps: not a persistent state
         if null_rate is not None and self.by_chance(len(flagged), observed, null_rate):
-            return None  # as many flags arise by chance somewhere in a run this long or this noisy
+            # as many flags arise by chance somewhere in a run this long or this noisy, unless the stretch
+            # is unlikely at the gross level too: the flag rate is blind to magnitude, and a short, noisy
+            # run (a profiled window of 6 steps after warm-up, peers flagged on a third of them: chance
+            # 0.33^6 x 24 rank-steps = 0.03) would dismiss a rank 30x slower than its peers on every step
+            # (the likely cause of a rare miss in tests/test_import_kineto.py's profiled round trip);
+            # noise stretches rarely reach 2x on most of their steps
+            gross = int((score[rows.step.between(onset, last)] >= math.log(self.cfg.gross_ratio)).sum())
+            if gross_rate is None or self.by_chance(gross, observed, gross_rate):
+                return None
         level = float(score[flag & rows.step.between(onset, last)].median())
         return Episode(int(onset), int(last), level, flagged, [r for r in found if r[1] >= onset])
 
@@ -212,9 +224,10 @@ class StragglerDetector:
         episodes: dict[int, Episode] = {}
         flag = scores.x_work_s >= max(math.log(cfg.min_ratio), min(cfg.z_flag * sigma, math.log(cfg.gross_ratio)))
         rate = self.null_rate(scores, flag)
+        gross_rate = self.null_rate(scores, scores.x_work_s >= math.log(cfg.gross_ratio))
         for rank, rows in self._candidates(scores, flag, cfg.persist_steps).groupby("rank"):
             ep = self.episode(rows, "work_s", sigma, max_gap=cfg.max_gap, min_count=cfg.persist_steps,
-                              null_rate=rate)
+                              null_rate=rate, gross_rate=gross_rate)
             if ep is not None and self._own_slowdown(ep):
                 episodes[int(rank)] = ep
         for rank, ep in self._sustained(scores, sigma, set(episodes)).items():

@@ -48,3 +48,24 @@ def test_change_point_finds_the_onset_not_the_middle():
     z[300:] += 1.5
     (a, b), = cusum_stretches(z, drift=0.25, clip=3.0, h=10.0)
     assert abs(change_point(z, a, b, 20) - 300) <= 8
+
+
+def test_a_gross_stretch_in_a_short_noisy_run_is_not_chance():
+    # 6 steps of a rank 30x slower than its peers, in a run whose peers cross the flag threshold on a
+    # third of their steps: the flag rate alone calls it chance (0.33^6 x 24 = 0.03 > 0.01); at the gross
+    # level (2x), which the peers reach on 2% of steps, it is not
+    import pandas as pd
+
+    from megascope.analyzer.stragglers import StragglerDetector
+
+    det = StragglerDetector()
+    det._trials = 24
+    rows = pd.DataFrame({"step": range(4, 10), "x": [3.4] * 6})
+    flag_all = pd.Series([True] * 6)
+    args = (rows, rows.x, 0.69, flag_all, 0.3, 3, 3)
+    assert det.stretch(*args, null_rate=0.33) is None
+    ep = det.stretch(*args, null_rate=0.33, gross_rate=0.02)
+    assert ep is not None and (ep.first, ep.last) == (4, 9)
+    # a noise stretch just over the flag threshold stays chance at both levels
+    noisy = rows.assign(x=[0.8, 0.75, 0.9, 0.7, 0.85, 0.8])
+    assert det.stretch(noisy, noisy.x, 0.69, flag_all, 0.3, 3, 3, null_rate=0.33, gross_rate=0.02) is None

@@ -227,17 +227,7 @@ class DistInterceptor:
                                        comm_trace.tensor_bytes(tensor), members, tensor.is_cuda, issue_ns)
         except Exception as exc:
             tracer._failed(f"intercepting {name}", exc)
-        if op is None:
-            return original(*args, **kwargs)
-        try:
-            result = original(*args, **kwargs)
-        except BaseException:
-            comm_trace.abort([op])
-            raise
-        if not async_op:
-            comm_trace.finish([op], None, tensor.is_cuda)
-            return result
-        return _as_work(comm_trace.finish([op], result, tensor.is_cuda))
+        return _run_traced(op, original, args, kwargs, async_op, tensor)
 
     def _peer(self, args: tuple, kwargs: dict, get: Callable, direction: str, group: object) -> int:
         """The partner's global rank (dst/src, or group_dst/group_src translated); -1 for any source."""
@@ -268,18 +258,8 @@ class DistInterceptor:
                                  group, issue_ns)
         except Exception as exc:
             tracer._failed(f"intercepting {direction}", exc)
-        if op is None:
-            return original(*args, **kwargs)
-        try:
-            result = original(*args, **kwargs)
-        except BaseException:
-            comm_trace.abort([op])
-            raise
-        if not is_async:
-            comm_trace.finish([op], None, tensor.is_cuda)
-            return result
         # gloo p2p works report no completion before wait(): wait() ends them (as comm.py)
-        return _as_work(comm_trace.finish([op], result, tensor.is_cuda, has_completion=False))
+        return _run_traced(op, original, args, kwargs, is_async, tensor, has_completion=False)
 
     def _batch(self, original: Callable, args: tuple, kwargs: dict) -> Any:
         ops = args[0] if args else kwargs.get("p2p_op_list")
@@ -311,3 +291,20 @@ class DistInterceptor:
                     for op, work in zip(traced, works)]
         # coalesced (NCCL): every op completes with the batch, so each returned work ends all of them
         return [_as_work(comm_trace.finish(traced, work, on_gpu, has_completion=False)) for work in works]
+
+
+def _run_traced(op: Any, original: Callable, args: tuple, kwargs: dict, is_async: bool,
+                tensor: torch.Tensor | None, has_completion: bool = True) -> Any:
+    """Call the original function under the comm op begun for it (none: call it untraced); a blocking
+    call ends the op on return, an async one hands back a Work that ends it on completion."""
+    if op is None:
+        return original(*args, **kwargs)
+    try:
+        result = original(*args, **kwargs)
+    except BaseException:
+        comm_trace.abort([op])
+        raise
+    if not is_async:
+        comm_trace.finish([op], None, tensor.is_cuda)
+        return result
+    return _as_work(comm_trace.finish([op], result, tensor.is_cuda, has_completion=has_completion))

@@ -3,7 +3,8 @@
 Parses every module's imports (function-level ones included) and fails on an import against the
 direction: the tracer imports neither the trainer, the analyzer nor the dashboard; the analyzer
 neither the trainer nor the dashboard; the dashboard reads runs through the analyzer's API, never
-DuckDB itself; the plain-loop sample needs no megascope trainer."""
+DuckDB or the tracer itself; the kernels depend on no other part; the plain-loop sample needs no
+megascope trainer."""
 
 import ast
 from pathlib import Path
@@ -15,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FORBIDDEN = {
     "tracer": ("megascope.trainer", "megascope.analyzer", "megascope.dashboard"),
     "analyzer": ("megascope.trainer", "megascope.dashboard"),
-    "dashboard": ("duckdb", "megascope.trainer"),
+    "dashboard": ("duckdb", "megascope.trainer", "megascope.tracer"),
+    "kernels": ("megascope.trainer", "megascope.tracer", "megascope.analyzer", "megascope.dashboard"),
     "samples/plain_loop.py": ("megascope.trainer",),
 }
 

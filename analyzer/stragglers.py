@@ -171,17 +171,26 @@ class StragglerDetector:
         return Episode(int(onset), int(last), level, flagged, [r for r in found if r[1] >= onset])
 
     def _onset(self, steps: pd.Series, x: pd.Series, flag: pd.Series, first: int, last: int,
-               sigma: float, run_last: int, after_flag: pd.Series | None = None, lookahead: int = 4) -> int | None:
+               sigma: float, run_last: int, after_flag: pd.Series | None = None, lookahead: int = 4,
+               lookback: int = 2) -> int | None:
         """The step where the rank's level shifted: among the flagged steps up to `lookahead` after the
-        first, the one with the largest shift (median after - median before; ties: the earliest), at
-        least `z_shift` sigma; the onset is the first step of the contiguous stretch around it past
-        ONSET_SHARE of that shift. "After" spans at least 2 x persist_steps (or to the end of the run): a
-        straggler is a state that lasts, a burst of scheduler noise is not. No history before (slow
-        from the start): the level must reach `z_start`."""
+        first (and the `lookback` steps before it), the one with the largest shift (median after -
+        median before; ties: the earliest), at least `z_shift` sigma; the onset is the first step of the
+        contiguous stretch around it past ONSET_SHARE of that shift. "After" spans at least
+        2 x persist_steps (or to the end of the run): a straggler is a state that lasts, a burst of
+        scheduler noise is not. No history before (slow from the start): the level must reach `z_start`."""
         cfg = self.cfg
         ok = np.isfinite(x)
         shifts = {}
-        for k in sorted(set(steps[flag & steps.between(first, first + lookahead)].astype(int))):
+        candidates = flag & steps.between(first, first + lookahead)
+        if after_flag is None:
+            # also the `lookback` steps before the first flag: a level shift whose first steps fell just
+            # under the flag threshold put them in "before", and its median no longer showed the shift (a
+            # real dp=4 run under CI load, sigma 0.50: a 3x straggler from step 3 scored 0.55, 0.69 on
+            # steps 2-3, flags began at 4, the best split shifted 0.62 < 0.65 = 1.3 sigma and it was missed;
+            # split at 2 the shift is 0.87)
+            candidates |= steps.between(first - lookback, first - 1)
+        for k in sorted(set(steps[candidates].astype(int))):
             before = x[ok & (steps < k)]
             after = x[ok & steps.between(k, max(last, min(k + 2 * cfg.persist_steps - 1, run_last)))
                       & (after_flag if after_flag is not None else True)]

@@ -375,7 +375,9 @@ class StragglerDetector:
             if not found:
                 continue
             first, last = found[0][0], found[-1][1]
-            sel = rows[rows.step.between(first, last) & (rows.y >= threshold)]
+            # the ratio over every step of the stretch, not only its flagged ones (a stretch may hold up
+            # to 2 unflagged steps in a row: leaving them out would report only its high steps)
+            sel = rows[rows.step.between(first, last)]
             ratio = float(np.exp(sel.y.median()))
             ranks = store.topology.loc[store.topology.pp == stage, "rank"].astype(int).tolist()
             out.append(Finding(

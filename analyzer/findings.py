@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
-KINDS = ("straggler", "late_launch", "stage_imbalance", "network_flap", "slow_link", "hang", "workload_imbalance")
+Kind = Literal["hang", "straggler", "late_launch", "network_flap", "slow_link", "stage_imbalance",
+               "workload_imbalance"]
+"""What a finding diagnoses, most urgent first: `Run.findings()` lists findings in this order (then by
+severity), so a hang leads and the culprits come before the links and the imbalances they explain."""
+KINDS: tuple[Kind, ...] = get_args(Kind)
+SEVERITY_ORDER: dict[str, int] = {kind: i for i, kind in enumerate(KINDS)}
+"""Kind -> its place in KINDS (the sort key of `Run.findings`)."""
+
+MIN_LATENESS_S = 1e-4
+"""Seconds: the last member of a collective counts as late (sql/arrivals.sql, `$min_lateness_s`) when it
+arrived more than this after the members' mean arrival; below it is timer resolution and noise."""
 
 
 @dataclass
 class Finding:
-    kind: str
-    """straggler | late_launch | stage_imbalance | network_flap | slow_link | hang | workload_imbalance"""
+    kind: Kind
+    """hang | straggler | late_launch | network_flap | slow_link | stage_imbalance | workload_imbalance"""
     ranks: list[int]
     """The culprit rank(s) (for a link: its two ends; for imbalance: the stage's ranks; for
     workload imbalance: every rank of the replicas)."""

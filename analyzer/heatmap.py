@@ -8,22 +8,39 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from typing import Literal, NamedTuple
 
 import numpy as np
 
 from megascope.analyzer.store import Store, load_sql
 from megascope.analyzer.summary_cache import SUMMARY_VIEW
 
-METRICS = {
-    # name: (SQL over the rank-step summary, unit, aggregate that keeps the bad cells visible)
-    "compute": ("forward_s + backward_s", "s", "max"),
-    "forward": ("forward_s", "s", "max"),
-    "backward": ("backward_s", "s", "max"),
-    "exposed_comm": ("least(collective_s, greatest(step_time_s - compute_s - recv_s - data_wait_s, 0))", "s", "max"),
-    "lateness": ("coalesce(lateness_s, 0)", "s", "max"),
-    "step_time": ("step_time_s", "s", "max"),
-    "mfu": ("model_flops / (step_time_s * {world} * {peak})", "ratio", "min"),
+
+class Metric(NamedTuple):
+    sql: str
+    """SQL over the rank-step summary ({world} and {peak} filled in)."""
+    unit: str
+    agg: Literal["max", "min"]
+    """How cells fold into one (downsampling) so the bad ones stay visible: max where higher is worse."""
+    label: str
+    """What the dashboard and the report call it."""
+
+    @property
+    def higher_is_worse(self) -> bool:
+        return self.agg == "max"
+
+
+METRICS: dict[str, Metric] = {
+    "compute": Metric("forward_s + backward_s", "s", "max", "compute time (s)"),
+    "forward": Metric("forward_s", "s", "max", "forward compute (s)"),
+    "backward": Metric("backward_s", "s", "max", "backward compute (s)"),
+    "exposed_comm": Metric("least(collective_s, greatest(step_time_s - compute_s - recv_s - data_wait_s, 0))", "s",
+                           "max", "exposed communication (s)"),
+    "lateness": Metric("coalesce(lateness_s, 0)", "s", "max", "arrival lateness (s)"),
+    "step_time": Metric("step_time_s", "s", "max", "step time (s)"),
+    "mfu": Metric("model_flops / (step_time_s * {world} * {peak})", "ratio", "min", "MFU"),
 }
+"""The heatmap metrics, the one list: the dashboard's menu and the report draw from it."""
 GROUPS = {"rank": "rank", "dp": "dp", "pp": "pp", "tp": "tp", "host": "host"}
 
 
@@ -49,7 +66,7 @@ def heatmap(store: Store, metric: str, group_by: str = "rank", max_rows: int = 5
         raise ValueError(f"unknown group_by '{group_by}'; choose one of {', '.join(GROUPS)}")
     if max_rows < 1 or max_cols < 1:
         raise ValueError("max_rows and max_cols must be >= 1")
-    expr, unit, agg = METRICS[metric]
+    expr, unit, agg, _ = METRICS[metric]
     world = int(store.manifest["topology"].get("world") or len(store.topology))
     peak = float((store.manifest.get("peak_flops") or {}).get("per_device") or "nan")
     expr = expr.format(world=world, peak=peak if peak == peak else 1.0)

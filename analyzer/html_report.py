@@ -38,7 +38,7 @@ def _figures(run: "Run", report: dict) -> list[go.Figure]:
     for metric in ("compute", "exposed_comm"):
         hm = run.heatmap(metric, max_rows=256, max_cols=300)
         # as the dashboard: the warm-up step (several times a normal step) must not wash out a straggler
-        zmin, zmax, clipped = color_range(hm.values, METRICS[metric][2] == "max")
+        zmin, zmax, clipped = color_range(hm.values, METRICS[metric].higher_is_worse)
         fig = go.Figure(go.Heatmap(z=hm.values, x=hm.cols, y=hm.rows, colorscale="Viridis", zmin=zmin, zmax=zmax,
                                    colorbar={"title": hm.unit + ("<br>(outliers clipped)" if clipped else "")}))
         fig.update_layout(title=f"{metric} per rank and step ({hm.unit})", xaxis_title="step",

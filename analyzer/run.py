@@ -16,7 +16,7 @@ import pandas as pd
 from megascope.analyzer import critical_path as cp
 from megascope.analyzer.event_pass import build_event_pass
 from megascope.analyzer.explain import drop_explained
-from megascope.analyzer.findings import Finding
+from megascope.analyzer.findings import MIN_LATENESS_S, SEVERITY_ORDER, Finding
 from megascope.analyzer.flaps import FlapDetector
 from megascope.analyzer.hangs import HangReport, find_hang
 from megascope.analyzer.heatmap import Heatmap, heatmap
@@ -85,8 +85,9 @@ class Run:
                                           tables_built="collectives" in self._built, progress=self.progress)
         elif name == "collectives":
             self._ensure("rank_step")
+            arrivals = load_sql("arrivals").rstrip().rstrip(";")
             self.store.execute("CREATE OR REPLACE TEMP TABLE late_arrivals AS " +
-                               load_sql("arrivals").rstrip().rstrip(";").replace("$min_lateness_s", "1e-4"))
+                               arrivals.replace("$min_lateness_s", repr(MIN_LATENESS_S)))
         self._built.add(name)
 
     def steps(self) -> pd.DataFrame:
@@ -188,9 +189,7 @@ class Run:
             out.insert(0, hang.to_finding(self.topology, len(self.topology)))
         self._add_arrival_evidence(out)
         self.progress("detecting", total, total)
-        order = {"hang": 0, "straggler": 1, "late_launch": 2, "network_flap": 3, "slow_link": 4, "stage_imbalance": 5,
-                 "workload_imbalance": 6}
-        self._findings = sorted(out, key=lambda f: (order.get(f.kind, 9), -f.severity))
+        self._findings = sorted(out, key=lambda f: (SEVERITY_ORDER.get(f.kind, len(SEVERITY_ORDER)), -f.severity))
         return self._findings
 
     def _add_arrival_evidence(self, findings: list[Finding]) -> None:

@@ -14,21 +14,15 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from megascope.analyzer.heatmap import METRICS as HEATMAP_METRICS
 from megascope.analyzer.heatmap import color_range
 from megascope.dashboard.widgets import FIGURE_MARGIN, FIGURE_TEMPLATE, empty_figure
 
-METRICS: dict[str, str] = {
-    "compute": "compute time (s)",
-    "forward": "forward compute (s)",
-    "backward": "backward compute (s)",
-    "exposed_comm": "exposed communication (s)",
-    "lateness": "arrival lateness (s)",
-    "step_time": "step time (s)",
-    "mfu": "MFU",
-}
+METRICS: dict[str, str] = {name: m.label for name, m in HEATMAP_METRICS.items()}
+"""Metric -> label, for the menus (the list itself is the analyzer's)."""
 GROUPINGS: dict[str, str] = {"rank": "rank", "dp": "data parallel", "pp": "pipeline stage",
                              "tp": "tensor parallel", "host": "host"}
-_HIGHER_IS_WORSE = {"compute", "forward", "backward", "exposed_comm", "lateness", "step_time"}
+_HIGHER_IS_WORSE = {name for name, m in HEATMAP_METRICS.items() if m.higher_is_worse}
 _LEADING_INT = re.compile(r"-?\d+")
 
 

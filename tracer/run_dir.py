@@ -1,6 +1,9 @@
 """Paths and the manifest (run.json) of a run directory; see docs/run-directory.md.
 
     RUN/run.json, RUN/<table>/rank=NNNNN/seg-*.parquet, RUN/inflight/, RUN/checkpoints/
+
+RUN may be an object-store URL (s3://bucket/prefix): the manifest functions and run_entries go through
+tracer/storage.py, which also maps the trainer's scratch folder to its URL.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from megascope.tracer.schema import SCHEMA_VERSION, TABLES, SchemaVersionError
+from megascope.tracer.storage import Location, locate
 
 MANIFEST = "run.json"
 
@@ -32,7 +36,11 @@ RUN_ENTRIES = (MANIFEST, *TABLES, "inflight", "checkpoints", "heartbeats", "heal
 
 def run_entries(run_dir: str | Path) -> list[str]:
     """The run entries `run_dir` already holds: empty for a missing or empty directory, or for one
-    with only other files. Writing a new run where this is not empty would mix two runs' data."""
+    with only other files. Writing a new run where this is not empty would mix two runs' data.
+    On an object store: the entries present under the prefix (raises storage.StorageError)."""
+    location = locate(run_dir)
+    if location.remote:
+        return [name for name in RUN_ENTRIES if location.exists(name)]
     path = Path(run_dir)
     return [name for name in RUN_ENTRIES if (path / name).exists()] if path.is_dir() else []
 
@@ -46,26 +54,43 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
+def _write_manifest_at(location: Location, manifest: dict[str, Any]) -> None:
+    if location.remote:  # one PUT: atomic on an object store
+        location.write_bytes(MANIFEST, json.dumps(manifest, indent=2, default=str).encode())
+    else:
+        write_json_atomic(Path(location.display) / MANIFEST, manifest)
+
+
 def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> None:
     manifest = {"schema_version": SCHEMA_VERSION, **manifest}
-    write_json_atomic(Path(run_dir) / MANIFEST, manifest)
+    _write_manifest_at(locate(run_dir), manifest)
 
 
 def update_manifest(run_dir: str | Path, **fields: Any) -> None:
     """Merge fields into run.json (rank 0 only: one writer, no lock needed)."""
     manifest = read_manifest(run_dir, check_version=False)
     manifest.update(fields)
-    write_json_atomic(Path(run_dir) / MANIFEST, manifest)
+    _write_manifest_at(locate(run_dir), manifest)
 
 
 def read_manifest(run_dir: str | Path, check_version: bool = True) -> dict[str, Any]:
-    path = Path(run_dir) / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"{run_dir} is not a megascope run directory (no {MANIFEST}); "
-            "pass the directory given to `megascope train --run-dir` or made by `megascope import`")
+    location = locate(run_dir)
+    path: Any = location.display + "/" + MANIFEST if location.remote else Path(run_dir) / MANIFEST
+    missing = FileNotFoundError(
+        f"{location.display if location.remote else run_dir} is not a megascope run directory (no {MANIFEST}); "
+        "pass the directory given to `megascope train --run-dir` or made by `megascope import`")
+    if location.remote:
+        try:
+            text = location.read_bytes(MANIFEST).decode("utf-8", errors="replace")
+        except FileNotFoundError:
+            location.check_reachable()  # a missing bucket or endpoint says so, not "no run.json"
+            raise missing from None
+    elif not path.is_file():
+        raise missing
+    else:
+        text = path.read_text()
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{path} is not valid JSON ({exc}); the run directory is damaged") from None
     version = manifest.get("schema_version")

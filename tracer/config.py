@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from megascope.tracer.schedule import TraceLevel
+
 
 @dataclass
 class TraceConfig:
     enabled: bool = True
     """Record spans, steps and GPU health into the run directory."""
-    level: str = "op"
+    level: TraceLevel = "op"
     """step (steps table only), op (compute, collectives, p2p) or detail (also per-layer tensor-parallel ops)."""
     every: int = 1
     """Record every n-th step (1 = all)."""

@@ -10,9 +10,10 @@ can match a collective across ranks in any recorded step.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Literal, get_args
 
-LEVELS = ("step", "op", "detail")
+TraceLevel = Literal["step", "op", "detail"]
+LEVELS: tuple[TraceLevel, ...] = get_args(TraceLevel)
 
 Schedule = Callable[[int], bool]
 

@@ -10,11 +10,21 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 import tomllib
 
 from megascope.tracer.config import TraceConfig  # noqa: F401  (the [trace] section; re-exported)
+from megascope.tracer.schedule import LEVELS as TRACE_LEVELS
+
+# The string choices of the config, each once: the field's type, the check in validate (CHOICES) and
+# the code that acts on them read these.
+Recompute = Literal["none", "selective", "full"]
+Optimizer = Literal["adamw", "lamb"]
+Dtype = Literal["fp32", "bf16"]
+Device = Literal["auto", "cpu", "cuda"]
+SelfCheckWhen = Literal["restart", "always", "off"]
+RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
 
 
 @dataclass
@@ -59,7 +69,7 @@ class ParallelConfig:
     """Gradient bucket size in MiB for the overlapped data-parallel reduction."""
     scatter_gather: bool = True
     """Megatron SC21 4.1: with tp > 1 each rank sends 1/tp of a stage's activation and the receivers all-gather."""
-    recompute: str = "none"
+    recompute: Recompute = "none"
     """Activation recomputation: none, selective (attention core) or full (whole block)."""
 
 
@@ -71,7 +81,7 @@ class TrainConfig:
     """Samples per step across all data-parallel ranks."""
     micro_batch: int = 4
     """Samples per micro-batch on one rank. global_batch must be divisible by micro_batch*dp."""
-    optimizer: str = "adamw"
+    optimizer: Optimizer = "adamw"
     """adamw or lamb (per-layer trust ratio, MegaScale's choice for 4x batch)."""
     lr: float = 3e-3
     """Peak learning rate."""
@@ -89,9 +99,9 @@ class TrainConfig:
     """Clip gradients to this global norm across all shards; 0 disables."""
     seed: int = 1234
     """Seed for weights and data order."""
-    dtype: str = "fp32"
+    dtype: Dtype = "fp32"
     """Compute dtype: fp32 or bf16 (bf16 autocast on GPU)."""
-    device: str = "auto"
+    device: Device = "auto"
     """auto (cuda when present), cpu or cuda."""
 
 
@@ -126,7 +136,7 @@ class RobustConfig:
     stall_timeout_s: float = 120.0
     """No step progress on any rank for this long is a stall (0 = off); keep it above trace.hang_timeout_s so
     the in-flight records are written before the group is stopped."""
-    self_check: str = "restart"
+    self_check: SelfCheckWhen = "restart"
     """GEMM and bandwidth self-checks: restart (before each automatic restart), always (also at first start) or off."""
     self_check_threshold: float = 0.5
     """A rank or link below this fraction of its peers' median (and a robust outlier) is flagged."""
@@ -261,6 +271,22 @@ def check_ranges(cfg: JobConfig) -> None:
                               f"change the flag, the --config file or --set {key}=VALUE")
 
 
+CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
+    # field: (how the message names it, the values it accepts)
+    "train.optimizer": ("optimizer", get_args(Optimizer)),
+    "train.dtype": ("dtype", get_args(Dtype)),
+    "train.device": ("device", get_args(Device)),
+    "parallel.recompute": ("recompute", RECOMPUTE_MODES),
+    "trace.level": ("trace level", TRACE_LEVELS),
+    "robust.self_check": ("robust.self_check", get_args(SelfCheckWhen)),
+}
+"""String fields and the values they accept (the Literal types above; the trace level is the tracer's)."""
+
+
+def _one_of(values: tuple[str, ...]) -> str:
+    return ", ".join(values[:-1]) + f" or {values[-1]}"
+
+
 def validate(cfg: JobConfig, world_size: int | None = None) -> None:
     """Raise ConfigError naming what to change if a value is out of range or the layout or shapes
     cannot work together."""
@@ -281,6 +307,27 @@ def validate(cfg: JobConfig, world_size: int | None = None) -> None:
         raise ConfigError(f"vocab_size={m.vocab_size} is not divisible by tp={p.tp}")
     if (m.hidden * m.ffn_mult) % p.tp:
         raise ConfigError(f"MLP width {m.hidden * m.ffn_mult} is not divisible by tp={p.tp}")
+    check_layout(cfg)
+    if m.window < 0:
+        raise ConfigError(f"window must be >= 0 (0 = full attention), got {m.window}")
+    for key, (what, allowed) in CHOICES.items():
+        section, name = key.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in allowed:
+            raise ConfigError(f"{what} '{value}' unknown; use {_one_of(allowed)}")
+    if t.steps < 1:
+        raise ConfigError("--steps must be >= 1")
+    r = cfg.robust
+    if 0 < r.heartbeat_timeout_s <= 2 * r.heartbeat_interval_s:
+        raise ConfigError(f"robust.heartbeat_timeout_s ({r.heartbeat_timeout_s}) must exceed twice "
+                          f"robust.heartbeat_interval_s ({r.heartbeat_interval_s}), or be 0 (off)")
+
+
+def check_layout(cfg: JobConfig) -> None:
+    """Raise ConfigError when the layers, micro-batches and sequence do not split over the parallel
+    layout (validate before launch; trainer/parallelize.py again on each rank, where a config built
+    in code may not have been validated)."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
     if m.n_layers % (p.pp * p.vpp):
         raise ConfigError(
             f"n_layers={m.n_layers} is not divisible by pp*vpp={p.pp * p.vpp}; "
@@ -293,31 +340,11 @@ def validate(cfg: JobConfig, world_size: int | None = None) -> None:
         raise ConfigError(
             f"global_batch={t.global_batch} is not divisible by micro_batch*dp={t.micro_batch}*{p.dp}; "
             "change --global-batch, --micro-batch or --dp")
-    n_micro = t.global_batch // (t.micro_batch * p.dp)
+    n_micro = micro_batches(cfg)
     if p.vpp > 1 and n_micro % p.pp:
         raise ConfigError(
             f"the interleaved schedule needs micro-batches ({n_micro}) divisible by pp={p.pp}; "
             "change --global-batch or --micro-batch")
-    if m.window < 0:
-        raise ConfigError(f"window must be >= 0 (0 = full attention), got {m.window}")
-    if t.optimizer not in ("adamw", "lamb"):
-        raise ConfigError(f"optimizer '{t.optimizer}' unknown; use adamw or lamb")
-    if t.dtype not in ("fp32", "bf16"):
-        raise ConfigError(f"dtype '{t.dtype}' unknown; use fp32 or bf16")
-    if t.device not in ("auto", "cpu", "cuda"):
-        raise ConfigError(f"device '{t.device}' unknown; use auto, cpu or cuda")
-    if p.recompute not in ("none", "selective", "full"):
-        raise ConfigError(f"recompute '{p.recompute}' unknown; use none, selective or full")
-    if cfg.trace.level not in ("step", "op", "detail"):
-        raise ConfigError(f"trace level '{cfg.trace.level}' unknown; use step, op or detail")
-    if t.steps < 1:
-        raise ConfigError("--steps must be >= 1")
-    r = cfg.robust
-    if r.self_check not in ("restart", "always", "off"):
-        raise ConfigError(f"robust.self_check '{r.self_check}' unknown; use restart, always or off")
-    if 0 < r.heartbeat_timeout_s <= 2 * r.heartbeat_interval_s:
-        raise ConfigError(f"robust.heartbeat_timeout_s ({r.heartbeat_timeout_s}) must exceed twice "
-                          f"robust.heartbeat_interval_s ({r.heartbeat_interval_s}), or be 0 (off)")
 
 
 def micro_batches(cfg: JobConfig) -> int:

@@ -18,9 +18,7 @@ selective recomputation repeats only the attention core (4 s_eff h per token per
 
 from __future__ import annotations
 
-from megascope.trainer.config import ModelConfig
-
-RECOMPUTE_MODES = ("none", "selective", "full")
+from megascope.trainer.config import RECOMPUTE_MODES, ModelConfig
 
 
 def attention_keys_per_query(cfg: ModelConfig) -> int:

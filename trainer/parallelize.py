@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from megascope.trainer.config import ConfigError, JobConfig, micro_batches
+from megascope.trainer.config import ConfigError, JobConfig, check_layout, micro_batches
 from megascope.trainer.data_parallel import DistributedOptimizer
 from megascope.trainer.faults import Faults
 from megascope.trainer.model import GPT
@@ -68,7 +68,7 @@ class TrainState:
 
 def parallelize(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults: Faults) -> TrainState:
     """Build this rank's model chunks and optimizer. Collective: every rank of the job calls it."""
-    check_layout(cfg, dims)
+    check_dims(cfg, dims)
     rank = dist.get_rank()
     stage = dims.coords(rank).pp
     sequence_parallel = cfg.parallel.sequence_parallel and dims.tp > 1
@@ -102,29 +102,16 @@ def parallelize(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults
                       faults, n_micro)
 
 
-def check_layout(cfg: JobConfig, dims: ParallelDims) -> None:
-    """What the pipeline needs beyond config.validate, with a message that says what to change."""
+def check_dims(cfg: JobConfig, dims: ParallelDims) -> None:
+    """The dims and the process group match the config, and the config's layout splits (config.check_layout:
+    a config built in code may not have been validated), with a message that says what to change."""
     p = cfg.parallel
     if (dims.dp, dims.tp, dims.pp, dims.vpp) != (p.dp, p.tp, p.pp, p.vpp):
         raise ConfigError(f"ParallelDims dp={dims.dp} tp={dims.tp} pp={dims.pp} vpp={dims.vpp} does not match "
                           f"the config's dp={p.dp} tp={p.tp} pp={p.pp} vpp={p.vpp}; build both from one config")
     if dist.get_world_size() != dims.world_size:
         raise ConfigError(f"dp*tp*pp = {dims.world_size} but the process group has {dist.get_world_size()} ranks")
-    if cfg.model.n_layers % (p.pp * p.vpp):
-        raise ConfigError(f"n_layers={cfg.model.n_layers} is not divisible by pp*vpp={p.pp * p.vpp}; "
-                          "change --pp/--vpp or the number of layers")
-    if p.vpp > 1 and p.pp == 1:
-        raise ConfigError("--vpp > 1 needs --pp > 1 (virtual chunks interleave pipeline stages)")
-    t = cfg.train
-    if t.global_batch % (t.micro_batch * p.dp):
-        raise ConfigError(f"global_batch={t.global_batch} is not divisible by micro_batch*dp="
-                          f"{t.micro_batch}*{p.dp}; change --global-batch, --micro-batch or --dp")
-    n_micro = micro_batches(cfg)
-    if p.vpp > 1 and n_micro % p.pp:
-        raise ConfigError(f"the interleaved schedule needs micro-batches ({n_micro}) divisible by pp={p.pp}; "
-                          "change --global-batch or --micro-batch")
-    if p.tp > 1 and p.sequence_parallel and cfg.model.seq_len % p.tp:
-        raise ConfigError(f"seq_len={cfg.model.seq_len} is not divisible by tp={p.tp} (sequence parallelism)")
+    check_layout(cfg)
 
 
 def boundary_shape(cfg: JobConfig, tp: int, sequence_parallel: bool) -> tuple[int, int, int]:

@@ -21,7 +21,9 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-MODES = ("none", "selective", "full")
+from megascope.trainer.config import RECOMPUTE_MODES
+
+MODES = RECOMPUTE_MODES  # parallel.recompute's choices (config.Recompute)
 
 
 def apply_recompute(chunks: list[nn.Module], mode: str) -> int:

@@ -1,11 +1,15 @@
 """Per-rank heartbeats (MegaScale 4.2): host, pid, rank, step, status and the last traced event,
-written atomically every `interval_s` to RUN/heartbeats/rank=NNNNN.json by a daemon thread.
+published every `interval_s` by a daemon thread.
 
-A file per rank on the run directory (shared by every node of a job) needs no extra service and
-survives the driver; the driver-side supervisor (trainer/supervisor.py) reads them. Each beat carries
-a sequence number, so the reader judges silence by its own clock (no cross-host clock skew). The
-thread keeps beating while the training thread is blocked in a collective or hung in Python (the
-stall detector catches those); it stops when the process is frozen, killed or its host is gone.
+Where: the job's control store (tracer/control_store.py: the TCPStore that `megascope train`'s node-0
+driver hosts, named to the ranks by $MEGASCOPE_CONTROL_STORE), so the driver-side supervisor
+(trainer/supervisor.py) on any host reads every rank's beat without a shared filesystem. Without a
+store (a rank started by hand, a unit test) the beat is a file, RUN/heartbeats/rank=NNNNN.json, written
+atomically: the file fallback, which needs a directory every host sees. Each beat carries a sequence
+number, so the reader judges silence by its own clock (no cross-host clock skew). The thread keeps
+beating while the training thread is blocked in a collective or hung in Python (the stall detector
+catches those); it stops when the process is frozen, killed or its host is gone. A failed store write
+is logged and counted (`store_failures`); the next beat tries again.
 """
 
 from __future__ import annotations
@@ -18,9 +22,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from megascope.tracer import control_store
+from megascope.tracer.control_store import ControlStore
 from megascope.tracer.run_dir import write_json_atomic
 
 STATUSES = ("starting", "self_check", "restoring", "training", "checkpointing", "done", "failed")
+KIND = "heartbeat"
+"""The record kind under the control store's prefix."""
 
 
 def heartbeat_dir(run_dir: str | Path) -> Path:
@@ -31,8 +39,27 @@ def heartbeat_path(run_dir: str | Path, rank: int) -> Path:
     return heartbeat_dir(run_dir) / f"rank={rank:05d}.json"
 
 
-def read_heartbeats(run_dir: str | Path) -> dict[int, dict[str, Any]]:
-    """The latest heartbeat of every rank that wrote one (unreadable files are skipped)."""
+def read_heartbeats(run_dir: str | Path, store: ControlStore | None = None) -> dict[int, dict[str, Any]]:
+    """The latest heartbeat of every rank: from `store` when given (empty if it failed), else the
+    heartbeat files, else the driver's view in RUN/health.json (what it last read from the store: host,
+    pid, step, status per rank), so a tool outside the job sees the ranks either way."""
+    if store is not None:
+        return store.get_all(KIND) or {}
+    beats = read_heartbeat_files(run_dir)
+    return beats if beats else _health_view(run_dir)
+
+
+def _health_view(run_dir: str | Path) -> dict[int, dict[str, Any]]:
+    try:
+        health = json.loads((Path(run_dir) / "health.json").read_text())
+        return {int(r): {"rank": int(r), "restart": health.get("attempt", 0), **b}
+                for r, b in health.get("ranks", {}).items()}
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}
+
+
+def read_heartbeat_files(run_dir: str | Path) -> dict[int, dict[str, Any]]:
+    """The file fallback: RUN/heartbeats/rank=*.json (unreadable files are skipped)."""
     out: dict[int, dict[str, Any]] = {}
     folder = heartbeat_dir(run_dir)
     if not folder.is_dir():
@@ -64,9 +91,11 @@ class Heartbeat:
     """Start it as early as possible in the worker; update step/status from the training thread."""
 
     def __init__(self, run_dir: str | Path, rank: int, interval_s: float, restart: int = 0,
-                 local_rank: int = 0) -> None:
+                 local_rank: int = 0, store: ControlStore | None | str = "auto") -> None:
+        """store: the control store; "auto" = $MEGASCOPE_CONTROL_STORE (else files); None = files."""
         if interval_s <= 0:
             raise ValueError(f"heartbeat interval must be > 0 s, got {interval_s}")
+        self.store: ControlStore | None = control_store.from_env() if store == "auto" else store  # type: ignore
         self.path = heartbeat_path(run_dir, rank)
         self.interval_s = interval_s
         self.fields: dict[str, Any] = {
@@ -97,10 +126,17 @@ class Heartbeat:
             record["last_event"] = last_traced_event()
         except Exception:  # the tracer is optional and must not stop the heartbeat
             record["last_event"] = None
+        if self.store is not None:
+            self.store.put(KIND, record["rank"], record)  # a failure is logged and counted there
+            return
         try:
             write_json_atomic(self.path, record)
         except OSError as exc:  # a full or flaky disk: report, keep beating
             print(f"[megascope] rank {record['rank']}: heartbeat write failed: {exc}", flush=True)
+
+    @property
+    def store_failures(self) -> int:
+        return self.store.failures if self.store is not None else 0
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -24,7 +24,7 @@ from megascope.trainer.checkpoint import CheckpointLayoutError, check_resumable,
 from megascope.trainer.config import JobConfig
 from megascope.trainer.heartbeat import heartbeat_dir, read_heartbeats
 from megascope.trainer.preflight import check_data, check_device, check_run_dir
-from megascope.trainer.supervisor import Supervisor, append_incident, process_alive
+from megascope.trainer.supervisor import ControlPlaneHost, Supervisor, append_incident, process_alive
 from megascope.trainer.watch_child import WatchChild
 
 
@@ -61,6 +61,10 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
         print("megascope train: --resume needs --run-dir RUN, the run to continue", file=sys.stderr)
         return 2
     cfg.run_dir = cfg.run_dir or default_run_dir()
+    url, problem = use_url_run_dir(cfg, args.resume)  # s3://...: trace to the store, the rest to local scratch
+    if problem:
+        print(f"megascope train: {problem}", file=sys.stderr)
+        return 2
     problem = (check_run_dir(cfg.run_dir, args.resume) or check_device(cfg.train.device, nproc)
                or check_data(cfg.data.path, cfg.model.seq_len) or check_resume(cfg, args.resume))
     if problem:
@@ -87,15 +91,17 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
     # Each rank gets an even share of this node's cores (2 cores, 8 ranks -> 1 thread each).
     threads = max(1, (os.cpu_count() or 1) // nproc)
     print(f"[megascope] launching {cfg.world_size} ranks (dp={cfg.parallel.dp} tp={cfg.parallel.tp} "
-          f"pp={cfg.parallel.pp} vpp={cfg.parallel.vpp}) -> {cfg.run_dir}; recovery: {recovery_text(cfg)}",
+          f"pp={cfg.parallel.pp} vpp={cfg.parallel.vpp}) -> {url or cfg.run_dir}; recovery: {recovery_text(cfg)}",
           flush=True)
-    watcher = start_watcher(cfg.run_dir, getattr(args, "watch_argv", None), args.node_rank)
-    supervisor = Supervisor(cfg.run_dir, cfg.robust, cfg.world_size, max_restarts).start()
+    watcher = start_watcher(url or cfg.run_dir, getattr(args, "watch_argv", None), args.node_rank)
+    control = ControlPlaneHost(nnodes, args.node_rank, endpoint)  # heartbeats and hang records, no shared FS
+    supervisor = Supervisor(cfg.run_dir, cfg.robust, cfg.world_size, max_restarts, store=control.client).start()
     code = 1
     try:
         code = run_agent(cfg, supervisor, lambda: elastic_launch(launch_cfg, worker_main)(cfg.to_dict(), threads))
     finally:
         supervisor.stop()
+        control.close()
         if watcher is not None:  # after the ranks: the watcher's final verdict needs their last flush
             watcher.stop(job_finished=code == 0)
     return code

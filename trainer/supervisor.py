@@ -1,6 +1,8 @@
 """Driver-side monitor of `megascope train` (MegaScale 4.1-4.2), a thread next to elastic_launch.
 
-It reads the ranks' heartbeats (trainer/heartbeat.py) and detects
+It reads the ranks' heartbeats (trainer/heartbeat.py) from the job's control store (the TCPStore the
+node-0 driver hosts, tracer/control_store.py; RUN/heartbeats/ files only when it is given no store) and
+detects
   dead_rank    a local worker of the current attempt exited without reporting `done` (the elastic
                agent sees the exit too and restarts the group or ends the job; we record why);
   silent_rank  a rank's heartbeat has not changed for heartbeat_timeout_s (frozen process, lost host);
@@ -9,6 +11,10 @@ For silent ranks and stalls it stops the worker group by killing this node's wor
 the elastic agent then restarts the group from the latest checkpoint, or ends the job when no
 restarts are left. Every incident is a line in RUN/incidents.jsonl; RUN/health.json holds the
 driver's latest view of every rank. Silence and stalls are timed by this process's monotonic clock.
+When it judges a stall or a silent rank, and when it stops, it copies the in-flight (hang) records from
+the store into RUN/inflight/ (tracer.watchdog.persist_inflight), where the hang analysis reads them.
+A failed store read is logged and counted (`store_failures` in health.json); while the store fails no
+rank is judged silent, and the clocks restart when it answers again: a store outage never stops training.
 """
 
 from __future__ import annotations
@@ -20,12 +26,16 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Callable
 
+from megascope.tracer.control_store import ControlStore
 from megascope.tracer.run_dir import write_json_atomic
+from megascope.tracer.watchdog import persist_inflight
 from megascope.trainer.config import RobustConfig
-from megascope.trainer.heartbeat import read_heartbeats
+from megascope.trainer.heartbeat import KIND as HEARTBEAT
+from megascope.trainer.heartbeat import read_heartbeat_files
 
 INCIDENTS = "incidents.jsonl"
 
@@ -68,8 +78,11 @@ class Supervisor:
     def __init__(self, run_dir: str | Path, robust: RobustConfig, world: int, max_restarts: int,
                  poll_s: float = 0.02, read_every_s: float = 0.2, host: str | None = None,
                  kill: Callable[[int], None] | None = None, alive: Callable[[int], bool] = process_alive,
-                 on_stop_job: Callable[[], None] | None = None) -> None:
+                 on_stop_job: Callable[[], None] | None = None, store: ControlStore | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.store = store
+        """Where the beats are read (None: the heartbeat files of the run directory)."""
+        self._store_down = False
         self.robust = robust
         self.world = world
         self.max_restarts = max_restarts
@@ -103,6 +116,36 @@ class Supervisor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
+        self.persist_inflight()
+
+    def persist_inflight(self) -> int:
+        """Copy the store's in-flight records into RUN/inflight/ (the hang analysis reads them there)."""
+        if self.store is None:
+            return 0
+        try:
+            return persist_inflight(self.store, self.run_dir)
+        except OSError as exc:  # the run directory is unwritable: say so, keep supervising
+            print(f"[megascope] supervisor: cannot write the in-flight records: {exc}", flush=True)
+            return 0
+
+    @property
+    def store_failures(self) -> int:
+        return self.store.failures if self.store is not None else 0
+
+    def _read_beats(self, now: float) -> dict[int, dict] | None:
+        """The beats, or None while the store fails (then nothing is judged)."""
+        if self.store is None:
+            return read_heartbeat_files(self.run_dir)
+        beats = self.store.get_all(HEARTBEAT)
+        if beats is None:
+            self._store_down = True
+            return None
+        if self._store_down:  # back: time silence and progress from now, not from the outage's start
+            self._store_down = False
+            for seen in self._seen.values():
+                seen.changed_at = now
+            self._progress_at = now
+        return beats
 
     def _run(self) -> None:
         while not self._stop.wait(self.poll_s):
@@ -118,7 +161,7 @@ class Supervisor:
         now = time.monotonic() if now is None else now
         if self._current is None or now - self._read_at >= self.read_every_s:
             self._read_at = now
-            beats = read_heartbeats(self.run_dir)
+            beats = self._read_beats(now)
             if not beats:
                 return None
             attempt = max(int(b.get("restart", 0)) for b in beats.values())
@@ -139,6 +182,10 @@ class Supervisor:
         incident = self._detect(current, now)
         if incident is not None:
             self._handled = True
+            if incident["kind"] != "dead_rank":
+                # the hang records must reach the run directory before the group (and the records of a
+                # store that a restart would overwrite) goes
+                incident["inflight_records"] = self.persist_inflight()
             self._record(incident)
             if incident["kind"] != "dead_rank":  # the agent already handles exits itself
                 self._stop_group(current)
@@ -234,6 +281,8 @@ class Supervisor:
         self._health_at = now
         write_json_atomic(self.run_dir / "health.json", {
             "attempt": self._attempt, "written_at": time.time(),
+            "source": f"control store {self.store.address}" if self.store is not None else "heartbeat files",
+            "store_failures": self.store_failures,
             "since_progress_s": round(now - self._progress_at, 3),
             "ranks": {str(r): {"host": b.get("host"), "pid": b.get("pid"), "step": b.get("step"),
                                "status": b.get("status"),
@@ -254,3 +303,54 @@ def stall_suspects(beats: dict[int, dict]) -> list[int]:
         return sorted(beats)
     idle = sorted(r for r in beats if r not in waiting and beats[r].get("status") != "done")
     return idle or sorted(waiting)
+
+
+class ControlPlaneHost:
+    """The job's control store as `megascope train` runs it: node 0's driver hosts a TCPStore for the
+    whole job (it outlives every worker restart, unlike a rank), every driver and rank is a client.
+    The address reaches the ranks as $MEGASCOPE_CONTROL_STORE (the elastic agent passes the driver's
+    environment on). One node: 127.0.0.1 and a free port. Several nodes: $MEGASCOPE_CONTROL_STORE if
+    set on every node, else the rendezvous host with the rendezvous port + 1; --node-rank 0 (which must
+    run on that host) hosts it."""
+
+    def __init__(self, nnodes: int, node_rank: int, rdzv_endpoint: str) -> None:
+        import torch.distributed as dist
+
+        from megascope.tracer import control_store
+
+        given = os.environ.get(control_store.ENV, "").strip()
+        if given:
+            host, port = control_store.parse_address(given)
+        elif nnodes == 1:
+            host, port = "127.0.0.1", 0
+        else:
+            rdzv_host, rdzv_port = control_store.parse_address(rdzv_endpoint)
+            host, port = rdzv_host, rdzv_port + 1
+        self.server = None
+        self.client: ControlStore | None = None
+        self._env_before = given
+        if node_rank == 0:
+            try:  # c10d's TCPStore server: it answers until this driver exits (port 0: a free one)
+                self.server = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
+                                            timeout=timedelta(seconds=control_store.OP_TIMEOUT_S))
+            except Exception as exc:  # noqa: BLE001 - no store: the file fallback, said once
+                print(f"[megascope] warning: cannot host the control store on {host}:{port} ({exc}); "
+                      "heartbeats and hang records go to files in the run directory (single host only)",
+                      flush=True)
+                os.environ.pop(control_store.ENV, None)
+                return
+            port = int(self.server.port)
+        self.address = f"{host}:{port}"
+        os.environ[control_store.ENV] = self.address
+        self.client = control_store.ControlStore(host, port)
+
+    def close(self) -> None:
+        from megascope.tracer import control_store
+
+        if self.client is not None:
+            self.client.close()
+        self.server = None  # the server thread ends with the object
+        if self._env_before:
+            os.environ[control_store.ENV] = self._env_before
+        else:
+            os.environ.pop(control_store.ENV, None)

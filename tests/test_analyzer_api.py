@@ -6,13 +6,11 @@ import numpy as np
 import pytest
 
 from megascope.analyzer import Run, RunOpenError
-from megascope.samples.simulator import SimConfig, simulate
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return simulate(tmp_path_factory.mktemp("api") / "run",
-                    SimConfig(dp=2, tp=2, pp=4, steps=8, inject=["straggler:rank=9,slowdown=0.5,from=2"]))
+def run_dir(simulated_run):
+    return simulated_run(dp=2, tp=2, pp=4, steps=8, inject=["straggler:rank=9,slowdown=0.5,from=2"])
 
 
 @pytest.fixture(scope="module")
@@ -95,8 +93,8 @@ def test_bad_directories(tmp_path):
         Run.open(tmp_path)
 
 
-def test_corrupt_and_truncated_segments_are_skipped(tmp_path):
-    out = simulate(tmp_path / "run", SimConfig(dp=2, tp=1, pp=2, steps=4))
+def test_corrupt_and_truncated_segments_are_skipped(simulated_run):
+    out = simulated_run(dp=2, tp=1, pp=2, steps=4)
     seg = out / "events" / "rank=00001" / "seg-000000.parquet"
     seg.write_bytes(seg.read_bytes()[: len(seg.read_bytes()) // 2])        # truncated
     (out / "events" / "rank=00002" / "seg-000001.parquet").write_bytes(b"PAR1garbage")  # foreign

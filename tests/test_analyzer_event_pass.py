@@ -8,17 +8,15 @@ import pytest
 
 from megascope.analyzer import event_pass as ep
 from megascope.analyzer.store import Store
-from megascope.samples.simulator import SimConfig, simulate
 
 EXACT = ["compute_s", "forward_s", "backward_s", "optimizer_s", "recv_s", "collective_s", "data_wait_s",
          "step_time_s", "tokens", "n_events"]
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return simulate(tmp_path_factory.mktemp("event_pass") / "run",
-                    SimConfig(dp=2, tp=2, pp=4, steps=6, inject=["straggler:rank=9,slowdown=0.5,from=2",
-                                                                "late_launch:rank=5,ms=20,every=2,from=1"]))
+def run_dir(simulated_run):
+    return simulated_run(dp=2, tp=2, pp=4, steps=6, inject=["straggler:rank=9,slowdown=0.5,from=2",
+                                                            "late_launch:rank=5,ms=20,every=2,from=1"])
 
 
 def _tables(run_dir, monkeypatch, timeline: bool, batch_ranks: int = ep.BATCH_RANKS):

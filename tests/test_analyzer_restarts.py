@@ -19,7 +19,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from megascope.analyzer import Run, event_pass
-from megascope.samples.simulator import SimConfig, simulate
 
 STEPS, RESUME, CRASH = 12, 6, 9
 """Attempt 0 ran steps 0..CRASH-1 and part of CRASH; attempt 1 restored the checkpoint at RESUME."""
@@ -31,14 +30,14 @@ def _write(folder: Path, name: str, rows: pd.DataFrame, schema: pa.Schema) -> No
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, Path]:
+def runs(tmp_path_factory, simulated_run) -> dict[str, Path]:
     """'sim': the simulated run; 'attempt0': what the crashed attempt left (steps < CRASH, plus the
     first half of step CRASH's events and no steps row for it); 'restarted': attempt0 plus attempt 1's
     appended segments (steps >= RESUME, shifted); 'reference': attempt 0's steps < RESUME and attempt 1,
     once each. `restart_ns`: when the restart happened."""
     base = tmp_path_factory.mktemp("restarts")
     sim = base / "sim"
-    simulate(sim, SimConfig(dp=2, tp=1, pp=2, steps=STEPS, inject=["straggler:rank=1,slowdown=1.4,from=2"]))
+    simulated_run(sim, dp=2, tp=1, pp=2, steps=STEPS, inject=["straggler:rank=1,slowdown=1.4,from=2"])
     out = {name: base / name for name in ("attempt0", "restarted", "reference")}
     for path in out.values():
         shutil.copytree(sim, path)

@@ -11,14 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from megascope.analyzer import Run
-from megascope.samples.simulator import SimConfig, simulate
 from megascope.tracer.schema import EVENTS, WAIT_SUFFIX
 
 
 @pytest.fixture(scope="module")
-def plain(tmp_path_factory):
-    return simulate(tmp_path_factory.mktemp("waits") / "run",
-                    SimConfig(dp=2, tp=1, pp=2, steps=4, inject=["straggler:rank=1,slowdown=0.6,from=1"]))
+def plain(simulated_run):
+    return simulated_run(dp=2, tp=1, pp=2, steps=4, inject=["straggler:rank=1,slowdown=0.6,from=1"])
 
 
 def _with_wait_spans(src, dst):
@@ -53,11 +51,11 @@ def test_wait_spans_do_not_change_the_graph_or_the_what_if(plain, tmp_path):
         base.what_if(finding)["throughput_lost"], abs=1e-3)
 
 
-def test_p2p_transfer_floors_are_not_read_as_link_times_on_cpu_traces(tmp_path):
+def test_p2p_transfer_floors_are_not_read_as_link_times_on_cpu_traces(tmp_path, simulated_run):
     # a simulated flap shows in the p2p transfer series; the same spans in a trace with `.wait` rows
     # (the CPU tracer, whose p2p spans end at the host's wait()) are host scheduling, not the link
-    run_dir = simulate(tmp_path / "flap", SimConfig(dp=2, tp=1, pp=2, steps=20,
-                                                    inject=["flap:ranks=0-2,down_ms=150,period_steps=6,len=2"]))
+    run_dir = simulated_run(tmp_path / "flap", dp=2, tp=1, pp=2, steps=20,
+                            inject=["flap:ranks=0-2,down_ms=150,period_steps=6,len=2"])
     flaps = [f for f in Run.open(run_dir).findings() if f.kind == "network_flap"]
     assert [(f.ranks, f.evidence["signal"]) for f in flaps] == [([0, 2], "transfer")]
     cpu = Run.open(_with_wait_spans(run_dir, tmp_path / "cpu"))

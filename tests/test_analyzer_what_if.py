@@ -253,11 +253,10 @@ def _fixed_point_replay(g, duration, gap, xfer):
 
 
 @pytest.mark.parametrize("vpp", [1, 2])
-def test_one_pass_replay_equals_the_fixed_point_iteration(tmp_path, vpp):
-    from megascope.samples.simulator import SimConfig, simulate
-    cfg = SimConfig(dp=2, tp=2, pp=2, vpp=vpp, steps=3, micro_batches=4, seed=5,
-                    inject=["straggler:rank=5,slowdown=1.4", "flap:ranks=1-5,down_ms=3,period_steps=2,len=1,from=1"])
-    run = Run.open(simulate(tmp_path / "run", cfg))
+def test_one_pass_replay_equals_the_fixed_point_iteration(simulated_run, vpp):
+    run = Run.open(simulated_run(dp=2, tp=2, pp=2, vpp=vpp, steps=3, micro_batches=4, seed=5,
+                                 inject=["straggler:rank=5,slowdown=1.4",
+                                         "flap:ranks=1-5,down_ms=3,period_steps=2,len=1,from=1"]))
     rng = np.random.default_rng(0)
     for step in range(3):
         g = graph_from_events(split_compute(events_window(run.store, step, step, None, 1 << 30), False),
@@ -349,15 +348,14 @@ def _what_if_error(faulty: Run, twin: Run, f: Finding) -> float:
     return wi["what_if_step_time_s"] / true - 1
 
 
-def test_what_if_matches_the_fault_free_twin_of_a_simulated_run(tmp_path):
+def test_what_if_matches_the_fault_free_twin_of_a_simulated_run(simulated_run):
     # same seed with and without the fault: the simulator's draws do not depend on the faults, so
     # the twin is the run without it. Measured error on this pair: -0.10% (benchmarks/
     # what_if_accuracy.py: simulator cases 0.00-0.05%); tolerance 1%, half the 2% goal. A pipeline
     # straggler from step 0 was 12.5% off before the step time ran from the previous step's end
-    from megascope.samples.simulator import SimConfig, simulate
     cfg = {"dp": 2, "tp": 1, "pp": 4, "steps": 8, "micro_batches": 4, "seed": 4}
-    faulty = Run.open(simulate(tmp_path / "faulty", SimConfig(inject=["straggler:rank=0,slowdown=2"], **cfg)))
-    twin = Run.open(simulate(tmp_path / "twin", SimConfig(**cfg)))
+    faulty = Run.open(simulated_run(inject=["straggler:rank=0,slowdown=2"], **cfg))
+    twin = Run.open(simulated_run(**cfg))
     f = next(f for f in faulty.findings() if f.kind == "straggler" and 0 in f.ranks)
     assert abs(_what_if_error(faulty, twin, f)) < 0.01
 

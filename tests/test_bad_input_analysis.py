@@ -17,7 +17,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from megascope.analyzer import Run
-from megascope.samples.simulator import SimConfig, simulate
 
 STEPS = 12
 STRAGGLER = 3  # stage 1 (ranks 2, 3); the damage below hits rank 1, stage 0
@@ -41,22 +40,20 @@ def files_of(folder: Path) -> list[str]:
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
 
 
-def segmented_run(out: Path, inject: list[str]) -> Path:
-    """dp=2 pp=2 over 12 steps, 4 segments per rank and table (steps 0-2, 3-5, 6-8, 9-11)."""
-    cfg = SimConfig(dp=2, tp=1, pp=2, steps=STEPS, inject=inject)
-    cfg.rows_per_window = cfg.world * (6 * cfg.micro_batches * cfg.vpp + 4) * 3
-    return simulate(out, cfg)
+WORLD, MICRO_BATCHES = 4, 8
+SEGMENTED = dict(dp=2, tp=1, pp=2, steps=STEPS, micro_batches=MICRO_BATCHES,
+                 rows_per_window=WORLD * (6 * MICRO_BATCHES + 4) * 3)
+"""dp=2 pp=2 over 12 steps, 4 segments per rank and table (steps 0-2, 3-5, 6-8, 9-11)."""
 
 
 @pytest.fixture(scope="module")
-def clean(tmp_path_factory) -> Path:
-    return segmented_run(tmp_path_factory.mktemp("clean") / "run", [])
+def clean(simulated_run) -> Path:
+    return simulated_run(**SEGMENTED)
 
 
 @pytest.fixture(scope="module")
-def straggler(tmp_path_factory) -> Path:
-    return segmented_run(tmp_path_factory.mktemp("straggler") / "run",
-                         [f"straggler:rank={STRAGGLER},slowdown=0.3,from=2"])
+def straggler(simulated_run) -> Path:
+    return simulated_run(**SEGMENTED, inject=[f"straggler:rank={STRAGGLER},slowdown=0.3,from=2"])
 
 
 def copy(run: Path, tmp_path: Path) -> Path:

@@ -32,8 +32,8 @@ from tests.test_dashboard_callbacks import ONSET, STEPS, STRAGGLER, make_sample_
 
 
 @pytest.fixture(scope="module")
-def sample_runs(tmp_path_factory):
-    return make_sample_runs(tmp_path_factory.mktemp("browser-runs"))
+def sample_runs(tmp_path_factory, simulated_run):
+    return make_sample_runs(simulated_run, tmp_path_factory.mktemp("browser-runs"))
 
 
 @pytest.fixture(scope="module")

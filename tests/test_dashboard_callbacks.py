@@ -16,7 +16,6 @@ if not hasattr(analyzer, "Run"):
 
 from megascope.dashboard.app import create_app  # noqa: E402
 from megascope.dashboard.runs import RunCatalog, directory_signature  # noqa: E402
-from megascope.samples.simulator import SimConfig, simulate  # noqa: E402
 from megascope.tracer.run_dir import write_manifest  # noqa: E402
 
 STEPS = 12
@@ -24,13 +23,12 @@ STRAGGLER = 3
 ONSET = 5
 
 
-def make_sample_runs(root: Path) -> tuple[Path, Path]:
-    """A 2x2x2 run with rank 3 slowed 1.3x from step 5, and the same job without the fault."""
-    slow, clean = root / "straggler", root / "clean"
-    simulate(slow, SimConfig(dp=2, tp=2, pp=2, steps=STEPS,
-                             inject=[f"straggler:rank={STRAGGLER},slowdown=1.3,from={ONSET}"]))
-    simulate(clean, SimConfig(dp=2, tp=2, pp=2, steps=STEPS))
-    return slow, clean
+def make_sample_runs(simulated_run, root: Path) -> tuple[Path, Path]:
+    """A 2x2x2 run with rank 3 slowed 1.3x from step 5, and the same job without the fault, in `root`
+    (`simulated_run`: the conftest fixture)."""
+    slow = simulated_run(root / "straggler", dp=2, tp=2, pp=2, steps=STEPS,
+                         inject=[f"straggler:rank={STRAGGLER},slowdown=1.3,from={ONSET}"])
+    return slow, simulated_run(root / "clean", dp=2, tp=2, pp=2, steps=STEPS)
 
 
 def make_empty_run(root: Path) -> Path:
@@ -42,9 +40,9 @@ def make_empty_run(root: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> tuple[Path, Path, Path]:
+def runs(tmp_path_factory, simulated_run) -> tuple[Path, Path, Path]:
     root = tmp_path_factory.mktemp("dashboard-runs")
-    slow, clean = make_sample_runs(root)
+    slow, clean = make_sample_runs(simulated_run, root)
     return slow, clean, make_empty_run(root)
 
 

@@ -12,7 +12,6 @@ import pytest
 
 from megascope.dashboard.app import create_app
 from megascope.dashboard.runs import directory_signature
-from megascope.samples.simulator import SimConfig, simulate
 from tests.test_dashboard_callbacks import _text
 
 T0 = 1_700_000_000.0
@@ -29,14 +28,13 @@ SELF_CHECK = {"attempt": 1, "hosts": ["node0000"] * 4 + ["node0001"] * 4, "flagg
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> tuple[Path, Path]:
+def runs(simulated_run) -> tuple[Path, Path]:
     """A run that restarted once (incident log, self-check record) and a clean one."""
-    root = tmp_path_factory.mktemp("incident-runs")
-    run = simulate(root / "restarted", SimConfig(dp=2, tp=2, pp=2, steps=8))
+    run = simulated_run(dp=2, tp=2, pp=2, steps=8)
     (run / "incidents.jsonl").write_text("\n".join(json.dumps(x) for x in INCIDENTS) + "\n")
     (run / "self_check").mkdir()
     (run / "self_check" / "attempt-01.json").write_text(json.dumps(SELF_CHECK))
-    return run, simulate(root / "clean", SimConfig(dp=2, tp=1, pp=1, steps=3))
+    return run, simulated_run(dp=2, tp=1, pp=1, steps=3)
 
 
 @pytest.fixture(scope="module")

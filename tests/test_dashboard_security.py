@@ -24,7 +24,6 @@ import dash
 import pytest
 
 from megascope.dashboard.auth import choose_token, is_loopback
-from megascope.samples.simulator import SimConfig, simulate
 
 TOKEN = "test-token-0123456789abcdef"
 
@@ -49,11 +48,11 @@ def assert_one_line(proc: subprocess.CompletedProcess, *needles: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> tuple[Path, Path]:
+def runs(tmp_path_factory, simulated_run) -> tuple[Path, Path]:
     """A served run, and a run next to it that is not served (what a `../` would try to reach)."""
     root = tmp_path_factory.mktemp("security")
-    served = simulate(root / "served", SimConfig(dp=2, tp=1, pp=2, steps=6))
-    secret = simulate(root / "secret", SimConfig(dp=2, tp=1, pp=1, steps=4))
+    served = simulated_run(root / "served", dp=2, tp=1, pp=2, steps=6)
+    secret = simulated_run(root / "secret", dp=2, tp=1, pp=1, steps=4)
     return Path(served), Path(secret)
 
 

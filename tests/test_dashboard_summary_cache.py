@@ -14,7 +14,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from megascope.analyzer import Run, event_pass, summary_cache
-from megascope.samples.simulator import SimConfig, simulate
 
 STEPS = 12
 
@@ -50,10 +49,9 @@ def _summary(run: Run) -> pd.DataFrame:
 
 
 @pytest.fixture()
-def sim(tmp_path) -> Path:
-    run = tmp_path / "sim"
-    simulate(run, SimConfig(dp=2, tp=1, pp=2, steps=STEPS, inject=["straggler:rank=1,slowdown=1.4,from=4"]))
-    return run
+def sim(tmp_path, simulated_run) -> Path:
+    return simulated_run(tmp_path / "sim", dp=2, tp=1, pp=2, steps=STEPS,
+                         inject=["straggler:rank=1,slowdown=1.4,from=4"])
 
 
 def _fresh(run: Path, tmp_path: Path) -> pd.DataFrame:
@@ -163,9 +161,9 @@ def test_findings_first_then_heatmap_writes_from_the_built_tables(sim):
     assert summary_cache.read_manifest(sim / "analysis" / "rank_step")["timeline"] is True
 
 
-def test_a_run_whose_segments_hold_no_rows_yet_gives_an_empty_heatmap(tmp_path: Path):
+def test_a_run_whose_segments_hold_no_rows_yet_gives_an_empty_heatmap(simulated_run):
     # a live run right after start: segments exist, no step has finished
-    run = simulate(tmp_path / "run", SimConfig(dp=2, tp=1, pp=1, steps=2))
+    run = simulated_run(dp=2, tp=1, pp=1, steps=2)
     for seg in list((run / "events").glob("*/*.parquet")) + list((run / "steps").glob("*/*.parquet")):
         pq.write_table(pq.read_schema(seg).empty_table(), seg)
     from megascope.analyzer.store import Store

@@ -18,7 +18,6 @@ from megascope.analyzer import Run
 from megascope.analyzer.findings import KINDS
 from megascope.analyzer.report import SCHEMA_VERSION, json_safe
 from megascope.analyzer.workload_imbalance import WorkloadImbalanceDetector
-from megascope.samples.simulator import SimConfig, simulate
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "report.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -51,10 +50,10 @@ def test_schema_is_valid_json_schema():
 
 
 @pytest.fixture(scope="module")
-def reports(tmp_path_factory) -> dict[str, dict]:
+def reports(simulated_run) -> dict[str, dict]:
     out = {}
     for name, (layout, inject) in CASES.items():
-        run = simulate(tmp_path_factory.mktemp("schema") / "run", SimConfig(**layout, inject=inject))
+        run = simulated_run(**layout, inject=inject)
         out[name] = json_safe(Run.open(run).report())
     return out
 
@@ -66,10 +65,9 @@ def test_report_of_each_finding_kind_validates(reports, name):
     assert errors(report) == []
 
 
-def test_cli_json_report_validates(reports, tmp_path):
+def test_cli_json_report_validates(reports, simulated_run):
     """What the command prints (not only what build_report returns), what-if skipped too."""
-    run = simulate(tmp_path / "run",
-                   SimConfig(dp=2, tp=2, pp=2, steps=12, inject=["straggler:rank=3,slowdown=0.3,from=4"]))
+    run = simulated_run(dp=2, tp=2, pp=2, steps=12, inject=["straggler:rank=3,slowdown=0.3,from=4"])
     for extra in ([], ["--no-what-if"]):
         proc = subprocess.run([sys.executable, "-m", "megascope", "analyze", str(run), "--json", *extra],
                               capture_output=True, text=True, timeout=300)

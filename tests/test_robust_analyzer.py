@@ -35,13 +35,12 @@ def test_self_check_records(tmp_path):
     assert "ranks [1] (hosts ['b'])" in self_checks.summarize(records)[0]
 
 
-def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path):
+def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path, simulated_run):
     from megascope.analyzer import Run
     from megascope.analyzer.html_report import write_html
     from megascope.analyzer.report import render_text
-    from megascope.samples.simulator import SimConfig, simulate
 
-    run_dir = simulate(tmp_path / "run", SimConfig(dp=2, tp=1, pp=1, steps=4))
+    run_dir = simulated_run(dp=2, tp=1, pp=1, steps=4)
     lines = [{"time": 10.0, "kind": "stall", "attempt": 0, "ranks": [1], "detail": "rank 1 stalled 5 s in all_reduce",
               "action": "restart"},
              {"time": 22.0, "kind": "resumed", "attempt": 1, "step": 2, "detail": "step 2 done"}]
@@ -72,11 +71,10 @@ def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path):
     assert "Incidents and restarts" in page and "rank 1 stalled 5 s" in page
 
 
-def test_report_of_a_run_without_incidents_has_empty_robustness(tmp_path):
+def test_report_of_a_run_without_incidents_has_empty_robustness(simulated_run):
     from megascope.analyzer import Run
     from megascope.analyzer.report import render_text
-    from megascope.samples.simulator import SimConfig, simulate
 
-    report = Run.open(simulate(tmp_path / "run", SimConfig(dp=2, tp=1, pp=1, steps=3))).report(with_what_if=False)
+    report = Run.open(simulated_run(dp=2, tp=1, pp=1, steps=3)).report(with_what_if=False)
     assert report["robustness"] == {"incidents": [], "recovery": [], "self_checks": [], "summary": []}
     assert "Incidents" not in render_text(report)

@@ -5,7 +5,6 @@ ScheduleExecutor would run (trainer/schedule_order.build_schedule)."""
 import pyarrow.parquet as pq
 import pytest
 
-from megascope.samples.simulator import SimConfig, simulate
 from megascope.trainer.schedule_order import build_schedule
 
 LAYOUTS = [(pp, vpp, m) for pp in range(1, 9) for vpp in range(1, 9) for m in range(1, 9)
@@ -24,12 +23,11 @@ def test_every_layout_is_enumerated():
 
 
 @pytest.mark.parametrize("pp", range(1, 9))
-def test_simulated_order_is_the_trainers(tmp_path, pp):
+def test_simulated_order_is_the_trainers(tmp_path, simulated_run, pp):
     for _, vpp, m in [x for x in LAYOUTS if x[0] == pp]:
-        cfg = SimConfig(dp=1, tp=1, pp=pp, vpp=vpp, micro_batches=m, steps=1,
-                        model={"n_layers": 8 * 8, "hidden": 256, "n_heads": 4, "seq_len": 128,
-                               "vocab_size": 512, "window": 0, "ffn_mult": 4})
-        run = simulate(tmp_path / f"pp{pp}-vpp{vpp}-m{m}", cfg)
+        run = simulated_run(tmp_path / f"pp{pp}-vpp{vpp}-m{m}", dp=1, tp=1, pp=pp, vpp=vpp, micro_batches=m, steps=1,
+                            model={"n_layers": 8 * 8, "hidden": 256, "n_heads": 4, "seq_len": 128,
+                                   "vocab_size": 512, "window": 0, "ffn_mult": 4})
         for stage in range(pp):
             expected = [repr(a) for a in build_schedule(pp, vpp, stage, m)]
             assert traced_order(run, stage) == expected, (pp, vpp, m, stage)

@@ -8,14 +8,13 @@ import pytest
 
 from megascope.samples.faults_sim import FaultSpecError, parse_fault
 from megascope.samples.sim_schedule import global_order, stage_order
-from megascope.samples.simulator import SimConfig, simulate
 from megascope.tracer.run_dir import read_manifest
 from megascope.tracer.schema import EVENTS, STEPS
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    return simulate(tmp_path_factory.mktemp("sim") / "run", SimConfig(dp=2, tp=2, pp=2, steps=4))
+def run_dir(simulated_run):
+    return simulated_run(dp=2, tp=2, pp=2, steps=4)
 
 
 def test_paths_and_schemas(run_dir):
@@ -77,8 +76,8 @@ def test_fault_specs():
             parse_fault(bad)
 
 
-def test_hang_writes_inflight(tmp_path):
-    out = simulate(tmp_path / "hang", SimConfig(dp=2, tp=2, pp=2, steps=6, inject=["hang:rank=5,at=2"]))
+def test_hang_writes_inflight(simulated_run):
+    out = simulated_run(dp=2, tp=2, pp=2, steps=6, inject=["hang:rank=5,at=2"])
     records = [json.loads(p.read_text()) for p in (out / "inflight").glob("rank=*.json")]
     assert records and all(r["rank"] != 5 for r in records)
     assert {"rank", "step", "microbatch", "op", "group", "seq", "peers", "bytes", "since_ns",
@@ -88,14 +87,14 @@ def test_hang_writes_inflight(tmp_path):
 
 
 @pytest.mark.parametrize("vpp", [1, 2])
-def test_one_step_per_segment_writes_the_same_run(tmp_path, vpp):
+def test_one_step_per_segment_writes_the_same_run(tmp_path, simulated_run, vpp):
     """rows_per_window at one step's events (one segment per step) once crashed ("cannot reshape array of
     size 80 into shape (40,4)": the second segment's steps added their event slots again); it must write
     the same events, split into one segment per step."""
     base = dict(dp=2, tp=1, pp=2, vpp=vpp, steps=3, micro_batches=4, inject=["straggler:rank=1,slowdown=1.5"])
-    whole = simulate(tmp_path / "whole", SimConfig(**base))
+    whole = simulated_run(tmp_path / "whole", **base)
     per_step_rows = 2 * (6 * 4 * vpp + 4)   # world * (6 * micro_batches * vpp + 4): one step's events
-    split = simulate(tmp_path / "split", SimConfig(**base, rows_per_window=per_step_rows))
+    split = simulated_run(tmp_path / "split", **base, rows_per_window=per_step_rows)
     for rank in range(2):
         segs = sorted((split / "events" / f"rank={rank:05d}").glob("seg-*.parquet"))
         assert [pq.read_table(s).column("step").unique().to_pylist() for s in segs] == [[0], [1], [2]]

@@ -1,0 +1,34 @@
+"""Fixtures shared by the test files.
+
+`simulated_run` is the one way a test builds a simulated run directory (megascope.samples.simulator):
+a module fixture calls it once for the module's tests, a test calls it for a run of its own. Each call
+writes a fresh directory: the analyzer persists its summary inside a run (RUN/analysis/), and several
+tests change their run's files, so runs are never shared between calls.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import pytest
+
+from megascope.samples.simulator import SimConfig, simulate
+
+
+class SimulatedRun(Protocol):
+    def __call__(self, out: Path | None = None, /, **config: Any) -> Path:
+        """Simulate `SimConfig(**config)` into `out` (default: a new temporary folder); returns the run dir."""
+        ...
+
+
+@pytest.fixture(scope="session")
+def simulated_run(tmp_path_factory: pytest.TempPathFactory) -> SimulatedRun:
+    """Factory of simulated runs; session-scoped so that module-scoped fixtures can call it too."""
+
+    def make(out: Path | None = None, /, **config: Any) -> Path:
+        if out is None:
+            out = tmp_path_factory.mktemp("sim") / "run"
+        return simulate(out, SimConfig(**config))
+
+    return make

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from megascope.tracer.schema import SCHEMA_VERSION, TABLES, SchemaVersionError
-from megascope.tracer.storage import Location, locate
+from megascope.tracer.storage import is_url, locate
 
 MANIFEST = "run.json"
 
@@ -54,23 +54,26 @@ def write_json_atomic(path: str | Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def _write_manifest_at(location: Location, manifest: dict[str, Any]) -> None:
-    if location.remote:  # one PUT: atomic on an object store
-        location.write_bytes(MANIFEST, json.dumps(manifest, indent=2, default=str).encode())
-    else:
-        write_json_atomic(Path(location.display) / MANIFEST, manifest)
+def _write_manifest_at(run_dir: str | Path, manifest: dict[str, Any]) -> None:
+    location = locate(run_dir)
+    if not location.remote:
+        write_json_atomic(Path(run_dir) / MANIFEST, manifest)
+        return
+    location.write_bytes(MANIFEST, json.dumps(manifest, indent=2, default=str).encode())  # one PUT: atomic
+    if not is_url(run_dir):  # the trainer's scratch folder standing for a URL keeps a copy: the trainer
+        write_json_atomic(Path(run_dir) / MANIFEST, manifest)  # (restarts, --resume) looks for run.json there
 
 
 def write_manifest(run_dir: str | Path, manifest: dict[str, Any]) -> None:
     manifest = {"schema_version": SCHEMA_VERSION, **manifest}
-    _write_manifest_at(locate(run_dir), manifest)
+    _write_manifest_at(run_dir, manifest)
 
 
 def update_manifest(run_dir: str | Path, **fields: Any) -> None:
     """Merge fields into run.json (rank 0 only: one writer, no lock needed)."""
     manifest = read_manifest(run_dir, check_version=False)
     manifest.update(fields)
-    _write_manifest_at(locate(run_dir), manifest)
+    _write_manifest_at(run_dir, manifest)
 
 
 def read_manifest(run_dir: str | Path, check_version: bool = True) -> dict[str, Any]:

@@ -242,3 +242,50 @@ def _other_filesystem(url: str, scheme: str) -> pafs.FileSystem:
 def redirect_env(url: str, scratch: str | Path) -> dict[str, str]:
     """The environment that makes `scratch` stand for `url` in this process and its children."""
     return {ENV_URL: url, ENV_SCRATCH: str(Path(scratch).resolve())}
+
+
+def upload_tree(folder: str | Path, location: Location, entries: tuple[str, ...] | None = None,
+                threads: int = 8) -> int:
+    """Copy every file under local `folder` (or only its top-level `entries`) to `location`, run.json
+    last, so a reader never finds a manifest whose data is not there yet; returns the files copied.
+    Hidden names (temporaries) are skipped."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = Path(folder)
+    names = sorted(str(p.relative_to(root)).replace(os.sep, "/") for p in root.rglob("*") if p.is_file())
+    names = [n for n in names if not any(part.startswith(".") for part in n.split("/"))
+             and (entries is None or n.split("/", 1)[0] in entries)]
+    first = [n for n in names if n != "run.json"]
+
+    def put(name: str) -> None:
+        location.write_bytes(name, (root / name).read_bytes())
+
+    with ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        list(pool.map(put, first))  # re-raises the first failure
+    if len(first) < len(names):
+        put("run.json")
+    return len(names)
+
+
+def stage_for(url: str, overwrite: bool = False, hint: str = "pass a new prefix") -> Path:
+    """A new local folder (not yet created) where `megascope simulate`/`import` write a run bound for
+    `url`; `publish` uploads it. Raises StorageError when the store cannot be reached, or when the
+    prefix already holds objects and not `overwrite` (then they are deleted: the old run goes)."""
+    location = locate(url)
+    location.check_reachable()
+    if location.exists():
+        if not overwrite:
+            raise StorageError(f"{location.display} already holds objects (a run?); {hint}")
+        location.delete_all()
+    import uuid
+
+    return local_folder_for(url, "staging") / f"{os.getpid()}-{uuid.uuid4().hex[:8]}" / "run"
+
+
+def publish(folder: str | Path, url: str) -> int:
+    """Upload a staged run to `url` (run.json last), then remove the local copy; returns objects written."""
+    import shutil
+
+    written = upload_tree(folder, locate(url))
+    shutil.rmtree(Path(folder).parent, ignore_errors=True)
+    return written

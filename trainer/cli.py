@@ -53,7 +53,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", metavar="FILE.toml", help="TOML file with [model] [parallel] [train] [data] [trace]")
     p.add_argument("--preset", choices=sorted(PRESETS), help="named starting point (tiny runs in seconds on a CPU)")
     p.add_argument("--run-dir", help="where the trace and run.json go; must be new or empty unless --resume "
-                                     "(default: runs/<timestamp>)")
+                                     "(default: runs/<timestamp>); an object-store URL (s3://bucket/prefix) takes "
+                                     "the trace, and checkpoints and other local files go to a scratch folder under "
+                                     "$MEGASCOPE_CACHE_DIR (default ~/.cache/megascope)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in --run-dir from its latest complete checkpoint (same layout); "
                         "a directory without a run starts a new one")

@@ -23,6 +23,7 @@ from megascope.tracer.run_dir import run_entries
 from megascope.trainer.checkpoint import CheckpointLayoutError, check_resumable, latest_complete
 from megascope.trainer.config import JobConfig
 from megascope.trainer.heartbeat import heartbeat_dir, read_heartbeats
+from megascope.trainer.object_store import upload_leftovers, use_url_run_dir
 from megascope.trainer.preflight import check_data, check_device, check_run_dir
 from megascope.trainer.supervisor import ControlPlaneHost, Supervisor, append_incident, process_alive
 from megascope.trainer.watch_child import WatchChild
@@ -102,6 +103,8 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
     finally:
         supervisor.stop()
         control.close()
+        if url:
+            upload_leftovers(cfg.run_dir, url)
         if watcher is not None:  # after the ranks: the watcher's final verdict needs their last flush
             watcher.stop(job_finished=code == 0)
     return code

@@ -15,7 +15,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("analyze", help="diagnose a run: stragglers, flaps, hangs, MFU",
                               description="Analyze a run directory and report findings (one actionable "
                                           "sentence each) and the MFU timeline.")
-    p.add_argument("run_dir", metavar="RUN", help="run directory (from `megascope train` or `megascope simulate`)")
+    p.add_argument("run_dir", metavar="RUN", help="run directory (from `megascope train` or `megascope simulate`) or "
+                                                  "object-store URL (s3://bucket/prefix: read through a local "
+                                                  "mirror under $MEGASCOPE_CACHE_DIR, default ~/.cache/megascope)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of text")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
     p.add_argument("--no-what-if", action="store_true", help="skip the what-if replays (faster on huge runs)")
@@ -35,11 +37,12 @@ def positive_int(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from megascope.analyzer.remote_run import local_run_dir
     from megascope.analyzer.run import Run
     bar = ProgressBar()
     try:
         bar("opening", 0, 3)
-        analysis = Run.open(args.run_dir, progress=bar, threads=args.threads)
+        analysis = Run.open(local_run_dir(args.run_dir), progress=bar, threads=args.threads)
         bar("analyzing", 1, 3)
         report = analysis.report(with_what_if=not args.no_what_if)
         if args.html:

@@ -18,7 +18,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser("export", help="export a window of a run as Chrome/Perfetto trace JSON",
                               description="Write Chrome/Perfetto trace JSON (open in ui.perfetto.dev): one "
                                           "track per rank, flow arrows for p2p and collective dependencies.")
-    p.add_argument("run_dir", metavar="RUN")
+    p.add_argument("run_dir", metavar="RUN", help="run directory or object-store URL (s3://bucket/prefix: read "
+                                                  "through a local mirror under $MEGASCOPE_CACHE_DIR, default "
+                                                  "~/.cache/megascope)")
     p.add_argument("--perfetto", metavar="FILE", required=True, help="output .json file")
     p.add_argument("--steps", default=None,
                    help="step window A:B or step A (inclusive; default: 2 steps from the onset of the top finding, "
@@ -100,12 +102,13 @@ def default_window(analysis: Run, span: tuple[int, int]) -> tuple[tuple[int, int
 
 def run(args: argparse.Namespace) -> int:
     from megascope.analyzer.perfetto import write_perfetto
+    from megascope.analyzer.remote_run import local_run_dir
     from megascope.analyzer.run import Run
     from megascope.analyzer.store import RunOpenError
     try:
         ranks = parse_ranks(args.ranks) if args.ranks else None
         steps = parse_steps(args.steps) if args.steps is not None else None
-        analysis = Run.open(args.run_dir)
+        analysis = Run.open(local_run_dir(args.run_dir))
         row = analysis.store.query("SELECT min(step) AS a, max(step) AS b FROM steps WHERE step >= 0")
         span = None if row.a.isna().iloc[0] else (int(row.a.iloc[0]), int(row.b.iloc[0]))
         if ranks is not None:

@@ -19,7 +19,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                     "RUN/findings.jsonl, --webhook, --on-finding). Stops by itself when the run is finished "
                     "(every rank recorded run.json's last step; then it prints what `megascope analyze` finds), "
                     "after --idle-exit seconds without a new segment, or on Ctrl-C. See docs/watch.md.")
-    p.add_argument("run_dir", metavar="RUN", help="run directory being written (it may not exist yet)")
+    p.add_argument("run_dir", metavar="RUN", help="run directory being written (it may not exist yet), or an "
+                                                  "object-store URL (s3://bucket/prefix), followed through a local "
+                                                  "mirror under $MEGASCOPE_CACHE_DIR (default ~/.cache/megascope) "
+                                                  "synced every --poll")
     p.add_argument("--window", type=positive_int, default=32, help="recent complete steps the detectors see")
     p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="how often to look for new segments")
     p.add_argument("--webhook", metavar="URL", help="POST each record as JSON to this http(s) URL (retried with "
@@ -55,16 +58,25 @@ def check_args(args: argparse.Namespace) -> str | None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from megascope.analyzer.remote_run import follow
     from megascope.analyzer.store import RunOpenError
     from megascope.analyzer.watch import WatchConfig, Watcher
+    from megascope.tracer.storage import is_url
     problem = check_args(args)
-    path = Path(args.run_dir)
+    path, follower = Path(args.run_dir), None
+    if problem is None and is_url(args.run_dir):  # a URL: watch its local mirror, synced every --poll
+        try:
+            path, follower = follow(args.run_dir, args.poll, require_run=False)
+        except RunOpenError as exc:
+            problem = str(exc)
     if problem is None and path.exists() and not path.is_dir():
         problem = f"{path} is a file, not a run directory"
     if problem is None and not path.parent.is_dir():
         problem = f"{path.parent} does not exist; pass the run directory the job writes (its --run-dir)"
     if problem:
         print(f"megascope watch: {problem}", file=sys.stderr)
+        if follower is not None:
+            follower.stop()
         return 2
     cfg = WatchConfig(window=args.window, poll_s=args.poll, webhook=args.webhook, on_finding=args.on_finding,
                       metrics_port=args.metrics_port, idle_exit_s=args.idle_exit, summary=not args.no_summary,
@@ -82,3 +94,6 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:  # e.g. the metrics port is taken
         print(f"megascope watch: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if follower is not None:
+            follower.stop()

@@ -28,7 +28,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
                     "directories are served; the browser selects among them by index. Beyond loopback "
                     "every request needs a token (printed in the URL at start, or given by --token / "
                     f"${ENV_VAR}).")
-    parser.add_argument("runs", nargs="+", metavar="RUN", help="run directory (several: compare them)")
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="run directory (several: compare them), or an object-store URL (s3://bucket/prefix) "
+                             "served from a local mirror under $MEGASCOPE_CACHE_DIR (default ~/.cache/megascope) "
+                             "synced every --refresh")
     parser.add_argument("--host", default="127.0.0.1",
                         help="interface to bind; 127.0.0.1 is this machine only, anything else exposes "
                              "the traces to the network (behind a token)")
@@ -45,6 +48,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
+    from megascope.analyzer.remote_run import follow_all
+    from megascope.analyzer.store import RunOpenError
+
+    try:  # object-store runs: served from local mirrors kept in sync while the server runs
+        args.runs, followers = follow_all(args.runs, args.refresh)
+    except RunOpenError as exc:
+        print(f"megascope dashboard: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _serve(args)
+    finally:
+        for follower in followers:
+            follower.stop()
+
+
+def _serve(args: argparse.Namespace) -> int:
     problem = _argument_problem(args)
     if problem:
         print(f"megascope dashboard: {problem}", file=sys.stderr)

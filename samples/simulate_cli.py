@@ -13,7 +13,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                               formatter_class=DefaultsHelpFormatter,
                               description="Simulate a dp x tp x pp (x vpp) training job with a 1F1B/interleaved "
                                           "timeline, noise and injected faults; writes what the tracer writes.")
-    p.add_argument("out", metavar="OUT", help="run directory to create")
+    p.add_argument("out", metavar="OUT", help="run directory to create, or an object-store URL (s3://bucket/prefix: "
+                                              "written locally, then uploaded with run.json last)")
     p.add_argument("--dp", type=int, default=2, help="data-parallel degree")
     p.add_argument("--tp", type=int, default=2, help="tensor-parallel degree")
     p.add_argument("--pp", type=int, default=2, help="pipeline stages")
@@ -35,8 +36,17 @@ def run(args: argparse.Namespace) -> int:
 
     from megascope.samples.faults_sim import FaultSpecError
     from megascope.samples.simulator import SimConfig, simulate
-    out = Path(args.out)
-    if (out / "run.json").exists():
+    from megascope.tracer.storage import StorageError, is_url, publish, stage_for
+    url = args.out if is_url(args.out) else None
+    if url:  # staged locally, uploaded whole when complete
+        try:
+            out = stage_for(url, args.force, "pass --force to overwrite")
+        except StorageError as exc:
+            print(f"megascope simulate: {exc}", file=sys.stderr)
+            return 2
+    else:
+        out = Path(args.out)
+    if not url and (out / "run.json").exists():
         if not args.force:
             print(f"megascope simulate: {out} already holds a run; pass --force to overwrite", file=sys.stderr)
             return 2
@@ -57,5 +67,12 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if tty:
         sys.stderr.write("\n")
+    if url:
+        try:
+            publish(out, url)
+        except (StorageError, OSError) as exc:
+            print(f"megascope simulate: uploading to {url} failed: {exc}", file=sys.stderr)
+            return 2
+        out = url
     print(f"wrote {cfg.world} ranks x {cfg.steps} steps to {out}")
     return 0

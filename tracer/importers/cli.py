@@ -128,7 +128,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                     "flight-recorder dumps into a megascope run directory; then analyze/export/dashboard it.")
     p.add_argument("format", metavar="FORMAT", help="kineto | ndtimeline | flight-recorder")
     p.add_argument("sources", metavar="SRC", nargs="+", help="dump files (one per rank), folders or globs")
-    p.add_argument("--out", required=True, metavar="RUN", help="new run directory to write")
+    p.add_argument("--out", required=True, metavar="RUN",
+                   help="new run directory to write, or an object-store URL (s3://bucket/prefix: written locally, "
+                        "then uploaded with run.json last)")
     for name in ("dp", "tp", "pp", "vpp"):
         p.add_argument(f"--{name}", type=int, default=None,
                        help=f"{name} size (default: from the dump's process groups / job file)")
@@ -150,11 +152,17 @@ def run(args: argparse.Namespace) -> int:
             print(f"megascope import: --{name} must be >= 1, got {value}", file=sys.stderr)
             return 2
     from megascope.progress import ProgressBar
+    from megascope.tracer.storage import is_url, publish, stage_for
 
     bar = ProgressBar()
-    try:
-        result = import_run(args.format, args.sources, args.out, args.dp, args.tp, args.pp, args.vpp,
+    url = args.out if is_url(args.out) else None
+    try:  # a URL: imported into a local staging folder, uploaded whole when complete
+        out = stage_for(url, hint="pass a new --out prefix") if url else args.out
+        result = import_run(args.format, args.sources, out, args.dp, args.tp, args.pp, args.vpp,
                             _column_map(args.column), jobs=args.jobs, progress=bar, cp=args.cp, meta=args.meta)
+        if url:
+            publish(result.out, url)
+            result.out = url  # type: ignore[assignment]
     except (ImportInputError, ValueError, OSError) as exc:
         bar.close()
         print(f"megascope import: {exc}", file=sys.stderr)

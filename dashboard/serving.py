@@ -1,43 +1,15 @@
-"""Serving a Dash app: `production_server` (waitress) for `megascope dashboard`; `serve_in_thread`
-(Werkzeug, a background thread on 127.0.0.1 and a free port) for tests and screenshots; and
-`port_problem`, the check that the address can be bound, made before the slow Dash import."""
+"""Serving a Dash app for `megascope dashboard`: `production_server` (waitress), and `port_problem`,
+the check that the address can be bound, made before the slow Dash import. (The tests' background
+server is tests/browser.py.)"""
 
 from __future__ import annotations
 
 import errno
 import socket
-import threading
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import dash
-from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
-
-
-@dataclass
-class BackgroundServer:
-    server: BaseWSGIServer
-    thread: threading.Thread
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.server.host}:{self.server.port}"
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.thread.join(timeout=10)
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_request(self, *args, **kwargs) -> None:  # one line per request drowns test output
-        pass
-
-
-def serve_in_thread(app: dash.Dash, host: str = "127.0.0.1", port: int = 0) -> BackgroundServer:
-    """Start app on host:port (0 picks a free port) in a daemon thread; stop() ends it."""
-    server = make_server(host, port, app.server, threaded=True, request_handler=_QuietHandler)
-    thread = threading.Thread(target=server.serve_forever, name="megascope-dashboard", daemon=True)
-    thread.start()
-    return BackgroundServer(server, thread)
+if TYPE_CHECKING:  # Dash's import is slow: port_problem runs before it
+    import dash
 
 
 def port_problem(host: str, port: int) -> str | None:

@@ -11,7 +11,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from megascope.dashboard.headless import find_chromium
+from tests.browser import find_chromium
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow,
               pytest.mark.skipif(find_chromium() is None, reason="needs chromium and chromedriver")]
@@ -25,9 +25,7 @@ from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from megascope.dashboard.app import create_app  # noqa: E402
-from megascope.dashboard.headless import chromium_driver  # noqa: E402
-from megascope.dashboard.screenshots import wait_for  # noqa: E402
-from megascope.dashboard.serving import serve_in_thread  # noqa: E402
+from tests.browser import chromium_driver, serve_in_thread, wait_for  # noqa: E402
 from tests.test_dashboard_callbacks import ONSET, STEPS, STRAGGLER, make_sample_runs  # noqa: E402
 
 

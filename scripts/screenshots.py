@@ -1,21 +1,24 @@
 """Remake the README screenshots: every page of the dashboard over real runs, in headless Chromium.
 
-    python -m megascope.dashboard.screenshots RUN [RUN...] [--out docs/screenshots]
+    python scripts/screenshots.py RUN [RUN...] [--out docs/screenshots]
         [--pages overview,heatmap,...] [--prefix NAME-]
 
 The first run is the one shown; further runs appear on the comparison page. "incidents" is the
-overview scrolled to its incidents, restarts and self-checks panel.
+overview scrolled to its incidents, restarts and self-checks panel. Needs the `test` extra (selenium)
+and the system packages chromium and chromium-driver; run it from a checkout (it uses tests/browser.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
-from megascope.dashboard.app import create_app
-from megascope.dashboard.headless import chromium_driver
-from megascope.dashboard.serving import serve_in_thread
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's root: `tests` is not installed
+
+from megascope.dashboard.app import create_app  # noqa: E402
+from tests.browser import chromium_driver, serve_in_thread, wait_for  # noqa: E402
 
 # file name -> (path and query, CSS selector that is present once the page has drawn[, element to
 # scroll into view before the picture])
@@ -29,18 +32,6 @@ PAGES: dict[str, tuple[str, ...]] = {
     "incidents": ("/", "#overview-incidents-body", "#overview-incidents"),
 }
 DEFAULT_PAGES = ("overview", "heatmap", "timeline", "topology", "gpu", "compare")
-
-
-def wait_for(driver, selector: str, timeout_s: float = 30.0) -> None:
-    """Wait until selector is on the page and Dash has no callback in flight."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as ec
-    from selenium.webdriver.support.ui import WebDriverWait
-
-    WebDriverWait(driver, timeout_s).until(ec.presence_of_element_located((By.CSS_SELECTOR, selector)))
-    WebDriverWait(driver, timeout_s).until(
-        lambda d: not d.find_elements(By.CSS_SELECTOR, "[data-dash-is-loading='true']"))
-    time.sleep(0.8)  # let Plotly finish its transitions before the picture is taken
 
 
 def take_screenshots(runs: list[str], out_dir: Path, pages: dict[str, tuple[str, ...]] | None = None,

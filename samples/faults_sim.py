@@ -1,4 +1,5 @@
-"""Fault specs for the simulator (same syntax as `megascope train --inject`), parsed and validated.
+"""Fault specs for the simulator, read by the trainer's parser (trainer/faults.parse_fields: one grammar,
+one FaultSpecError) with the simulator's kinds (faults.SIMULATE_KINDS), and turned into `Fault`s.
 
     straggler:rank=R,slowdown=X[,from=S][,to=S]     compute of rank R (or ranks=A-B) slower
     late_launch:rank=R,ms=M[,every=K][,from=S]      rank R pauses M ms before issuing its collectives
@@ -15,19 +16,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from megascope.trainer.faults import SIMULATE_KINDS, FaultSpecError, parse_fields
 
-class FaultSpecError(ValueError):
-    """An --inject spec that cannot be applied; the message says what to write instead."""
-
-
-KEYS = {
-    "straggler": ({"slowdown"}, {"rank", "ranks", "from", "to"}),
-    "late_launch": ({"rank", "ms"}, {"every", "from", "to"}),
-    "flap": ({"ranks", "down_ms", "period_steps"}, {"len", "from"}),
-    "hang": ({"rank", "at"}, set()),
-    "imbalance": ({"stage", "slowdown"}, {"from", "to"}),
-    "slow_link": ({"ranks", "factor"}, {"from", "to"}),
-}
+__all__ = ["Fault", "FaultSpecError", "check_ranks", "parse_fault"]
 
 
 @dataclass
@@ -76,22 +67,7 @@ def _slowdown(text: str, spec: str) -> float:
 
 
 def parse_fault(spec: str) -> Fault:
-    kind, _, rest = spec.partition(":")
-    if kind not in KEYS:
-        raise FaultSpecError(f"unknown fault '{kind}' in '{spec}'; known: {', '.join(KEYS)}")
-    fields: dict[str, str] = {}
-    for item in filter(None, rest.split(",")):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise FaultSpecError(f"{spec}: expected key=value, got '{item}'")
-        fields[key.strip()] = value.strip()
-    required, optional = KEYS[kind]
-    if kind == "straggler" and not ({"rank", "ranks"} & fields.keys()):
-        raise FaultSpecError(f"{spec}: straggler needs rank=R or ranks=A-B")
-    missing = required - fields.keys()
-    unknown = fields.keys() - required - optional
-    if missing or unknown:
-        raise FaultSpecError(f"{spec}: missing {sorted(missing)} / unknown {sorted(unknown)}; see docs/analyzer.md")
+    kind, fields = parse_fields(spec, SIMULATE_KINDS)
     try:
         return _build(kind, fields, spec)
     except ValueError as exc:

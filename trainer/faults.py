@@ -18,19 +18,76 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-KINDS = {
-    "straggler": ({"rank", "slowdown"}, {"from", "to"}),
-    "late_launch": ({"rank", "ms"}, {"every"}),
-    "flap": ({"ranks", "down_ms", "period_steps"}, set()),
-    "hang": ({"rank", "at"}, set()),
-    "crash": ({"rank", "at"}, set()),
-}
-USAGE = ("straggler:rank=R,slowdown=X[,from=S][,to=S] | late_launch:rank=R,ms=M[,every=K] | "
-         "flap:ranks=A-B,down_ms=D,period_steps=P | hang:rank=R,at=S | crash:rank=R,at=S")
-
 
 class FaultSpecError(ValueError):
-    """A malformed --inject spec; the message shows the accepted syntax."""
+    """A malformed or inapplicable fault spec (`megascope train --inject`, `megascope simulate --inject`);
+    the message shows the accepted syntax."""
+
+
+@dataclass(frozen=True)
+class FaultKind:
+    """The fields one kind of fault takes on one side (the trainer or the simulator)."""
+
+    required: tuple[str, ...]
+    """Each entry must be given; "rank|ranks" means either one."""
+    optional: tuple[str, ...]
+    syntax: str
+
+    def fields(self) -> set[str]:
+        return {name for entry in self.required for name in entry.split("|")} | set(self.optional)
+
+
+TRAIN_KINDS: dict[str, FaultKind] = {
+    "straggler": FaultKind(("rank", "slowdown"), ("from", "to"), "straggler:rank=R,slowdown=X[,from=S][,to=S]"),
+    "late_launch": FaultKind(("rank", "ms"), ("every",), "late_launch:rank=R,ms=M[,every=K]"),
+    "flap": FaultKind(("ranks", "down_ms", "period_steps"), (), "flap:ranks=A-B,down_ms=D,period_steps=P"),
+    "hang": FaultKind(("rank", "at"), (), "hang:rank=R,at=S"),
+    "crash": FaultKind(("rank", "at"), (), "crash:rank=R,at=S"),
+}
+"""What `megascope train --inject` can do to a real job (the hooks of `Faults` below)."""
+SIMULATE_KINDS: dict[str, FaultKind] = {
+    "straggler": FaultKind(("rank|ranks", "slowdown"), ("from", "to"),
+                           "straggler:rank=R|ranks=A-B,slowdown=X[,from=S][,to=S]"),
+    "late_launch": FaultKind(("rank", "ms"), ("every", "from", "to"),
+                             "late_launch:rank=R,ms=M[,every=K][,from=S][,to=S]"),
+    "flap": FaultKind(("ranks", "down_ms", "period_steps"), ("len", "from"),
+                      "flap:ranks=A-B,down_ms=D,period_steps=P[,len=L][,from=S]"),
+    "hang": FaultKind(("rank", "at"), (), "hang:rank=R,at=S"),
+    "imbalance": FaultKind(("stage", "slowdown"), ("from", "to"), "imbalance:stage=P,slowdown=X[,from=S][,to=S]"),
+    "slow_link": FaultKind(("ranks", "factor"), ("from", "to"), "slow_link:ranks=A-B,factor=X[,from=S][,to=S]"),
+}
+"""What `megascope simulate --inject` can put in a simulated run (samples/faults_sim.py builds them)."""
+SIDES = {"megascope train": TRAIN_KINDS, "megascope simulate": SIMULATE_KINDS}
+
+
+def usage(kinds: dict[str, FaultKind]) -> str:
+    return " | ".join(k.syntax for k in kinds.values())
+
+
+USAGE = usage(TRAIN_KINDS)
+
+
+def parse_fields(text: str, kinds: dict[str, FaultKind]) -> tuple[str, dict[str, str]]:
+    """The one fault grammar, `kind:key=value,...`: (kind, {key: value}) with the kind known to `kinds`
+    (TRAIN_KINDS or SIMULATE_KINDS) and its fields complete; values are left to the caller to read."""
+    kind, _, rest = text.partition(":")
+    if kind not in kinds:
+        elsewhere = [side for side, known in SIDES.items() if kind in known and known is not kinds]
+        only = f" ('{kind}' is a fault of {elsewhere[0]} only)" if elsewhere else ""
+        raise FaultSpecError(f"--inject '{text}': unknown fault '{kind}'{only}; the kinds are "
+                             f"{', '.join(kinds)}: {usage(kinds)}")
+    spec = kinds[kind]
+    fields: dict[str, str] = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or key not in spec.fields():
+            raise FaultSpecError(f"--inject '{text}': bad field '{item}'; syntax: {spec.syntax}")
+        fields[key] = value.strip()
+    missing = [entry.replace("|", " or ") for entry in spec.required if not set(entry.split("|")) & fields.keys()]
+    if missing:
+        raise FaultSpecError(f"--inject '{text}': missing {', '.join(missing)}; syntax: {spec.syntax}")
+    return kind, fields
 
 
 @dataclass(frozen=True)
@@ -45,16 +102,11 @@ class FaultSpec:
 
 
 def parse_spec(text: str, world_size: int) -> FaultSpec:
-    kind, _, rest = text.partition(":")
-    if kind not in KINDS:
-        raise FaultSpecError(f"--inject '{text}': unknown fault '{kind}'; use one of: {USAGE}")
-    required, optional = KINDS[kind]
+    """A `megascope train --inject` spec, checked against the job's world size."""
+    kind, fields = parse_fields(text, TRAIN_KINDS)
     params: dict[str, float] = {}
     ranks: tuple[int, ...] = ()
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        if not eq or key not in required | optional:
-            raise FaultSpecError(f"--inject '{text}': bad field '{item}'; syntax: {USAGE}")
+    for key, value in fields.items():
         try:
             if key == "ranks":
                 a, _, b = value.partition("-")
@@ -62,10 +114,7 @@ def parse_spec(text: str, world_size: int) -> FaultSpec:
             else:
                 params[key] = float(value)
         except ValueError:
-            raise FaultSpecError(f"--inject '{text}': '{value}' is not a number in '{item}'") from None
-    missing = required - set(params) - ({"ranks"} if ranks else set())
-    if missing:
-        raise FaultSpecError(f"--inject '{text}': missing {', '.join(sorted(missing))}; syntax: {USAGE}")
+            raise FaultSpecError(f"--inject '{text}': '{value}' is not a number in '{key}={value}'") from None
     if "rank" in params:
         ranks = (int(params.pop("rank")),)
     for r in ranks:

@@ -51,13 +51,13 @@ def build_report(run: "Run", with_what_if: bool = True) -> dict:
 
 def _robustness(run: "Run") -> dict:
     """Incidents, restarts and self-checks of a run trained with [robust] (empty lists otherwise)."""
-    from megascope.analyzer import incidents, self_checks
+    from megascope.analyzer import incidents, self_check_records
     df = run.incidents()
     records = run.self_checks()
     return {"incidents": json_safe(df.to_dict("records")),
             "recovery": json_safe(run.recovery_times().to_dict("records")),
             "self_checks": json_safe(records),
-            "summary": incidents.summarize(df) + self_checks.summarize(records)}
+            "summary": incidents.summarize(df) + self_check_records.summarize(records)}
 
 
 def _steps_text(first: int, last: int) -> str:

@@ -22,7 +22,7 @@ from megascope.analyzer.hangs import HangReport, find_hang
 from megascope.analyzer.heatmap import Heatmap, heatmap
 from megascope.analyzer.incidents import read_incidents, recovery_times
 from megascope.analyzer.mfu import MfuTimeline, mfu_timeline
-from megascope.analyzer.self_checks import read_self_checks
+from megascope.analyzer.self_check_records import read_self_checks
 from megascope.analyzer.step_graph import build_step_graph, dependency_edges, events_window
 from megascope.analyzer.store import Store, load_sql
 from megascope.analyzer.stragglers import StragglerDetector

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from megascope.analyzer import incidents, self_checks
+from megascope.analyzer import incidents, self_check_records
 
 
 def test_incidents_and_recovery_time(tmp_path):
@@ -29,10 +29,10 @@ def test_self_check_records(tmp_path):
         "attempt": 1, "hosts": ["a", "b"], "flagged_ranks": [1], "flagged_hosts": ["b"], "enforced": True,
         "ranks": {"0": {"gemm_tflops": 100.0}, "1": {"gemm_tflops": 20.0}},
         "decision": {"action": "stop", "reason": "dp would change"}}))
-    records = self_checks.read_self_checks(tmp_path)
-    ranks = self_checks.self_check_ranks(records[0])
+    records = self_check_records.read_self_checks(tmp_path)
+    ranks = self_check_records.self_check_ranks(records[0])
     assert ranks.flagged.tolist() == [False, True] and ranks.host.tolist() == ["a", "b"]
-    assert "ranks [1] (hosts ['b'])" in self_checks.summarize(records)[0]
+    assert "ranks [1] (hosts ['b'])" in self_check_records.summarize(records)[0]
 
 
 def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path, simulated_run):

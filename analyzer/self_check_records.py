@@ -2,7 +2,7 @@
 each restart): per-rank GEMM speed, link and all-reduce bandwidth, the flagged ranks and hosts, and
 the node decision (continue, exclude, stop).
 
-    from megascope.analyzer.self_checks import read_self_checks, self_check_ranks
+    from megascope.analyzer.self_check_records import read_self_checks, self_check_ranks
 """
 
 from __future__ import annotations

@@ -1,199 +1,335 @@
 """The one read of the events that rank_step, the p2p links and the collective instances are all
-derived from, run over batches of ranks (bounded memory on 10^4-rank runs). Each batch reads its
-events once - through the timeline (sql/event_pass.sql: a window per rank-step, for traces whose spans
-nest or overlap) or without it (sql/event_pass_flat.sql: big traces whose spans do not, checked on a
-sample) - and its own steps segments, and appends its rows to the run-wide tables. Rank-steps a
-damaged segment may have held are then taken out of them (drop_incomplete, sql/incomplete.sql)."""
+derived from, run over batches of ranks (bounded memory on 10^4-rank runs).
+
+The SQL is a small library of named macros (analyzer/sql/, one object a file, Perfetto-style): the
+event pass in two named variants - `event_pass_timeline` (a window per rank-step, for traces whose spans
+nest or overlap) and `event_pass_flat_events` + `flat_peer_step` + `flat_partials` (big traces whose
+spans do not, checked on a sample) - and the derived tables `rank_step_of`, `collective_instances_of`,
+`late_arrivals_of`, `incomplete_collectives`. Values are bound as prepared parameters; input relations
+are passed to the macros by name (`query_table`), and the tables a function writes are named by its
+caller from a fixed set (`_table`).
+
+One batch loop (`run_batches`) serves the event pass and the summary cache's extension of a live run:
+each batch reads its ranks' events and steps once (`scan_batch`: the batch function, which leaves
+`_batch_rank_step`, `_batch_peer_step` and `_batch_partials`) and the loop appends them to the caller's
+tables. Where the batches run is an engine's business: in this process (`LocalEngine`) or as Ray tasks
+(engine_ray.py, `megascope analyze --engine ray`), which ship the batch's rank patterns, not data, and
+return the three tables as Arrow. Rank-steps a damaged segment may have held are then taken out of the
+tables (drop_incomplete)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
 import pandas as pd
 
-from megascope.analyzer.layout import MATCHED_GROUPS, instance_sql, is_regular
+from megascope.analyzer.findings import MIN_LATENESS_S
+from megascope.analyzer.layout import MATCHED_GROUPS, is_regular
 from megascope.analyzer.store import Store, load_sql
+from megascope.tracer.layout import Layout
 from megascope.tracer.schema import WAIT_SUFFIX
 
 BATCH_RANKS = 1024
 """Ranks per batch of the event pass: each batch reads those ranks' events and steps segments once."""
-RANK_COLUMNS = ("rank, step, peer, compute_ns, forward_ns, backward_ns, optimizer_ns, nested_ns, recv_ns, "
-                "collective_ns, data_wait_ns, gap_ns, gap_p2p_ns, gap_coll_ns, send_min_ns, sends, recv_min_ns, "
-                "n_events")
-COLLECTIVE_COLUMNS = ('"group", instance, seq, first_step, op_name, n_events, last_rank, last_issue_ns, '
-                      "first_issue_ns, issue_sum_ms, last_end_ns")
-
-STEP_COLUMNS = "rank, step, start_ns, end_ns, tokens, model_flops"
-"""The steps columns rank_step.sql reads."""
-
 TIMELINE_ALWAYS_RANKS = 2048
 """Runs up to this size always take the timeline pass (its sort is cheap there)."""
 SAMPLE_RANKS = 32
-SIMPLE_GAP_SQL = ("greatest((s.end_ns - s.start_ns) / 1e9 - coalesce(e.compute_s, 0) - coalesce(e.recv_s, 0) "
-                  "- coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0)")
-TIMELINE_GAP_SQL = "coalesce(e.gap_s, 0)"
-_WAIT_LITERAL = "'" + WAIT_SUFFIX.replace("'", "''") + "'"
-"""The name suffix of `<op>.wait` host spans, as an SQL literal (both passes code them as waits)."""
+NO_FIRST_STEP = -(1 << 62)
+"""first_step of a whole pass: every step."""
+
+SQL_FILES = ("event_role", "group_instance", "event_pass", "event_pass_flat", "flat_peer_step", "flat_partials",
+             "rank_step", "collectives", "arrivals", "incomplete", "rank_step_summary")
+"""The macro library, in definition order (a macro may call those before it)."""
+BATCH_TABLES = ("_batch_rank_step", "_batch_peer_step", "_batch_partials")
+"""What the batch function leaves for the loop (local tables, or the Arrow tables a remote engine returns)."""
+PEER_STEP_COLUMNS = ("rank", "step", "peer", "compute_ns", "forward_ns", "backward_ns", "optimizer_ns", "nested_ns",
+                     "recv_ns", "collective_ns", "data_wait_ns", "gap_ns", "gap_p2p_ns", "gap_coll_ns", "send_min_ns",
+                     "sends", "recv_min_ns", "n_events")
+PARTIAL_COLUMNS = ("group", "instance", "seq", "first_step", "op_name", "n_events", "last_rank", "last_issue_ns",
+                   "first_issue_ns", "issue_sum_ms", "last_end_ns")
+_TABLES = frozenset({
+    "rank_step", "rank_step_incomplete", "_rank_peer_step", "_collective_partials", "collective_instances",
+    "late_arrivals", "_summary_rank_step", "_summary_rank_step_incomplete", "_summary_partials",
+    "_summary_collectives", "_summary_late", "_incomplete_ranges", *BATCH_TABLES})
+"""Every table the functions here create, append to or delete from: names are checked against it."""
+
+Progress = Callable[[str, int, int], None]
 
 
-def build_event_pass(store: Store, progress=None) -> None:
+def _table(name: str) -> str:
+    """`name` as an identifier, when it is one of the analyzer's derived tables (never free text)."""
+    if name not in _TABLES:
+        raise ValueError(f"event_pass: '{name}' is not one of the analyzer's derived tables")
+    return name
+
+
+def define_sql(store: Store) -> None:
+    """(Re)define the macro library on the store's connection (TEMP: per connection; idempotent)."""
+    for name in SQL_FILES:
+        store.con.execute(load_sql(name))
+
+
+@dataclass(frozen=True)
+class LayoutParams:
+    """What group_instance.sql needs of the topology: sizes, and for ranks not numbered in Megatron
+    order the Megatron rank of each rank's coordinates (indexed by rank)."""
+    dp: int
+    tp: int
+    cp: int
+    renumber: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, store: Store) -> LayoutParams:
+        topo = store.manifest["topology"]
+        dp, tp, cp = int(topo["dp"]), int(topo["tp"]), int(topo.get("cp", 1))  # no cp in run.json: cp = 1
+        frame = store.topology
+        if is_regular(frame, dp, tp, cp):
+            return cls(dp, tp, cp)
+        megatron = Layout(dp=dp, tp=tp, pp=1, cp=cp).rank_of(frame.pp, frame.dp, frame.tp, frame["cp"])
+        renumber = [-1] * (int(frame["rank"].max()) + 1)
+        for rank, m in zip(frame["rank"].astype(int), megatron.astype(int)):
+            renumber[rank] = int(m)
+        return cls(dp, tp, cp, tuple(renumber))
+
+    def params(self) -> dict[str, Any]:
+        return {"dp": self.dp, "tp": self.tp, "cp": self.cp,
+                "renumber": None if self.renumber is None else list(self.renumber)}
+
+
+@dataclass(frozen=True)
+class PassPlan:
+    """What every batch of one pass shares: small, so a remote engine ships it with each task."""
+    base: int
+    """Time origin, ns (run_start_ns)."""
+    timeline: bool
+    """The timeline variant (a window per rank-step) rather than the flat one."""
+    async_ops: bool
+    """The trace has `<op>.wait` rows (has_wait_spans)."""
+    layout: LayoutParams
+    first_step: int = NO_FIRST_STEP
+    """Only steps from here on (the summary cache's extension of a live run)."""
+
+
+@dataclass(frozen=True)
+class PassTables:
+    """Where a pass's batches accumulate (each a name of `_TABLES`); peer_step None: not kept."""
+    rank_step: str
+    peer_step: str | None
+    partials: str
+
+
+EVENT_PASS_TABLES = PassTables("rank_step", "_rank_peer_step", "_collective_partials")
+
+
+def plan_pass(store: Store, timeline: bool | None = None, first_step: int | None = None) -> PassPlan:
+    """The plan of a pass over `store`'s run; `timeline` None: decided here (small runs always take
+    the timeline; big ones when a sample needs it)."""
+    define_sql(store)
+    base = run_start_ns(store)
+    if timeline is None:
+        timeline = len(store.topology) <= TIMELINE_ALWAYS_RANKS or needs_timeline(store, base)
+    return PassPlan(base, bool(timeline), has_wait_spans(store), LayoutParams.of(store),
+                    NO_FIRST_STEP if first_step is None else int(first_step))
+
+
+# ---- the batch function: one batch of ranks, its events and steps read once --------------------------
+
+def scan_batch(store: Store, prefixes: list[str] | None, plan: PassPlan) -> None:
+    """Create `_batch_rank_step`, `_batch_peer_step` and `_batch_partials` from the events and steps
+    segments of one batch (rank-folder patterns, Store.rank_prefix_batches; None: all ranks). Raw
+    DuckDB calls, rebuilt as a whole by Store.run_with_retry when a damaged segment is dropped."""
+    con = store.con
+    store.source_view("_batch_events_src", "events", patterns=prefixes)
+    store.source_view("_batch_steps_src", "steps", patterns=prefixes)
+    _event_pass(store, "_batch_events_src", plan)
+    # every batch holds whole ranks: its rank_step rows need no other batch
+    con.execute("CREATE OR REPLACE TEMP TABLE _batch_rank_step AS "
+                "FROM rank_step_of('_batch_steps_src', '_batch_peer_step', $first_step, $residual)",
+                {"first_step": plan.first_step, "residual": not plan.timeline})
+    con.execute("DROP VIEW _batch_events_src")
+    con.execute("DROP VIEW _batch_steps_src")
+
+
+def _event_pass(store: Store, events: str, plan: PassPlan, partials: bool = True) -> None:
+    """_batch_peer_step and _batch_partials from the relation `events` (a source view of scan_batch or
+    needs_timeline), with the plan's variant."""
+    con = store.con
+    layout = plan.layout.params()
+    if plan.timeline:
+        con.execute("CREATE OR REPLACE TEMP TABLE _batch AS FROM event_pass_timeline($events, $first_step, $base, "
+                    "$async_ops, $wait_suffix, $dp, $tp, $cp, $renumber)",
+                    {"events": events, "first_step": plan.first_step, "base": plan.base, "async_ops": plan.async_ops,
+                     "wait_suffix": WAIT_SUFFIX, **layout})
+        # keep only what each grouping needs: the wide rows would fill DuckDB's memory
+        con.execute("CREATE OR REPLACE TEMP TABLE _batch_peer_step AS SELECT "
+                    + ", ".join(f'"{c}"' for c in PEER_STEP_COLUMNS) + " FROM _batch WHERE gset = 0")
+        if partials:
+            con.execute("CREATE OR REPLACE TEMP TABLE _batch_partials AS SELECT "
+                        + ", ".join(f'"{c}"' for c in PARTIAL_COLUMNS) + " FROM _batch WHERE gset = 1 "
+                        "AND instance IS NOT NULL")
+        con.execute("DROP TABLE _batch")
+        return
+    # flat: the batch's events copied once into a narrow table, aggregated twice from memory
+    con.execute("CREATE OR REPLACE TEMP TABLE _batch_events AS "
+                "FROM event_pass_flat_events($events, $first_step, $async_ops, $wait_suffix)",
+                {"events": events, "first_step": plan.first_step, "async_ops": plan.async_ops,
+                 "wait_suffix": WAIT_SUFFIX})
+    # an op with a `<op>.wait` row (any step: a prefetched gather is waited in the next one) is hidden
+    # communication: its wait is the exposed part (a join on the waits only: none on GPU/simulated traces)
+    con.execute("""UPDATE _batch_events e SET comm = false
+        FROM (SELECT DISTINCT rank, "group", seq, peer, role - 5 AS op_role FROM _batch_events
+              WHERE role BETWEEN 11 AND 14) w
+        WHERE e.role = w.op_role AND e.rank = w.rank AND e."group" = w."group" AND e.seq = w.seq
+              AND e.peer = w.peer""")
+    con.execute("CREATE OR REPLACE TEMP TABLE _batch_peer_step AS FROM flat_peer_step('_batch_events')")
+    if partials:
+        con.execute("CREATE OR REPLACE TEMP TABLE _batch_partials AS "
+                    "FROM flat_partials('_batch_events', $base, $dp, $tp, $cp, $renumber)",
+                    {"base": plan.base, **layout})
+    con.execute("DROP TABLE _batch_events")
+
+
+# ---- engines: where the batch function runs -------------------------------------------------------
+
+class Engine(Protocol):
+    """Runs the batch function over every batch; after each yield, the batch's three tables are
+    relations named BATCH_TABLES on `store.con` (the loop appends them, then resumes the engine)."""
+
+    def map_batches(self, store: Store, batches: list[list[str] | None], plan: PassPlan) -> Iterator[int]: ...
+
+
+class LocalEngine:
+    """The embedded default: each batch in this process's DuckDB, one after the other."""
+
+    def map_batches(self, store: Store, batches: list[list[str] | None], plan: PassPlan) -> Iterator[int]:
+        for i, prefixes in enumerate(batches):
+            # the reads, rebuilt on retry (a damaged segment dropped from the batch's source)
+            store.run_with_retry(lambda: scan_batch(store, prefixes, plan))
+            yield i
+
+
+def run_batches(store: Store, plan: PassPlan, out: PassTables, engine: Engine | None = None,
+                progress: Progress | None = None, label: str = "scanning events") -> None:
+    """The one batch loop: the batch function over every batch of ranks (by `engine`, local by
+    default), each batch's tables appended to `out`'s."""
+    batches = store.rank_prefix_batches(BATCH_RANKS) or [None]
+    targets = [(out.rank_step, "_batch_rank_step"), (out.peer_step, "_batch_peer_step"),
+               (out.partials, "_batch_partials")]
+    if progress is not None:
+        progress(label, 0, len(batches))
+    for done, _ in enumerate((engine or LocalEngine()).map_batches(store, batches, plan)):
+        for target, batch in targets:
+            if target is not None:
+                verb = "CREATE OR REPLACE TEMP TABLE {} AS " if done == 0 else "INSERT INTO {} "
+                store.execute(verb.format(_table(target)) + f"SELECT * FROM {_table(batch)}")
+        if progress is not None:
+            progress(label, done + 1, len(batches))
+    for table in (*BATCH_TABLES, "_batch", "_batch_events"):
+        store.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+# ---- derived tables, by name -------------------------------------------------------------------------
+
+def build_event_pass(store: Store, progress: Progress | None = None, engine: Engine | None = None) -> None:
     """Create the temp tables `_rank_peer_step`, `rank_step` and `collective_instances`: per batch of
     ranks, one read of its events (aggregated per rank-step-peer and per collective) and of its steps
     (joined into the batch's rank_step rows), appended to the run-wide tables. The rank-steps of
     damaged segments go to `rank_step_incomplete` instead (drop_incomplete)."""
-    base = run_start_ns(store)
-    timeline = len(store.topology) <= TIMELINE_ALWAYS_RANKS or needs_timeline(store, base)
-    batches = store.rank_prefix_batches(BATCH_RANKS) or [None]
-    gap = TIMELINE_GAP_SQL if timeline else SIMPLE_GAP_SQL
-    for i, prefixes in enumerate(batches):
-        if progress is not None:
-            progress("scanning events", i, len(batches))
-        # the reads, rebuilt on retry (a damaged segment dropped from the batch's source)
-        store.run_with_retry(lambda: read_batch(store, prefixes, base, timeline))
-        verb = "CREATE OR REPLACE TEMP TABLE {} AS " if i == 0 else "INSERT INTO {} "
-        store.execute(batch_rank_step_sql(gap, verb.format("rank_step")))
-        store.execute(verb.format("_rank_peer_step") + f"SELECT {RANK_COLUMNS} FROM _batch_peer_step")
-        store.execute(verb.format("_collective_partials") + f"SELECT {COLLECTIVE_COLUMNS} FROM _batch_partials")
-    for table in ("_batch_events", "_batch_steps", "_batch_peer_step", "_batch_partials"):
-        store.execute(f"DROP TABLE IF EXISTS {table}")
-    if progress is not None:
-        progress("scanning events", len(batches), len(batches))
-    store.execute(load_sql("collectives").format(base=base))
+    plan = plan_pass(store)
+    run_batches(store, plan, EVENT_PASS_TABLES, engine, progress)
+    collective_instances(store, "_collective_partials", "collective_instances", plan.base)
     store.execute("DROP TABLE _collective_partials")
     drop_incomplete(store, "rank_step", "_rank_peer_step", "collective_instances")
+
+
+def collective_instances(store: Store, partials: str, out: str, base: int) -> None:
+    """`out` = one row per collective op instance, merged from the batches' partial rows (collectives.sql)."""
+    store.execute(f"CREATE OR REPLACE TEMP TABLE {_table(out)} AS FROM collective_instances_of($partials, $base)",
+                  {"partials": _table(partials), "base": int(base)})
+
+
+def late_arrivals(store: Store, collectives: str = "collective_instances", out: str = "late_arrivals") -> None:
+    """`out` = per rank and step, the collectives it arrived at last, and how late (arrivals.sql)."""
+    define_sql(store)
+    store.execute(f"CREATE OR REPLACE TEMP TABLE {_table(out)} AS FROM late_arrivals_of($collectives, $min_s)",
+                  {"collectives": _table(collectives), "min_s": MIN_LATENESS_S})
 
 
 def drop_incomplete(store: Store, rank_step: str, peer_step: str | None, collectives: str) -> int:
     """Move the rank-steps a damaged events or steps segment may have held (Store.incomplete_ranges)
     out of `rank_step` into `<rank_step>_incomplete`, and delete their p2p rows (`peer_step`, either
-    end) and the collective instances they were members of, so no detector judges a rank on part of
-    its events. Returns the number of rank-step rows moved."""
+    end) and the collective instances they were members of (incomplete.sql), so no detector judges a
+    rank on part of its events. Returns the number of rank-step rows moved."""
+    rank_step, collectives = _table(rank_step), _table(collectives)
+    moved = _table(f"{rank_step}_incomplete")
     ranges = store.incomplete_ranges()
-    moved = f"{rank_step}_incomplete"
     if ranges.empty:
         store.execute(f"CREATE OR REPLACE TEMP TABLE {moved} AS SELECT * FROM {rank_step} WHERE false")
         return 0
+    define_sql(store)
     store.con.register("_incomplete_ranges_df", ranges[["rank", "first_step", "last_step"]])
     store.execute("CREATE OR REPLACE TEMP TABLE _incomplete_ranges AS SELECT * FROM _incomplete_ranges_df")
     store.con.unregister("_incomplete_ranges_df")
-    topo = store.manifest["topology"]
-    dp, tp, cp = int(topo["dp"]), int(topo["tp"]), int(topo.get("cp", 1))  # no cp in run.json: cp = 1
-    join = "" if is_regular(store.topology, dp, tp, cp) else "JOIN topology _t USING (rank)"
-    groups = ", ".join(f"('{g}')" for g in MATCHED_GROUPS)
-    sql = "\n".join(line for line in load_sql("incomplete").splitlines() if not line.startswith("--"))
-    for statement in (s.strip() for s in sql.split("\n;\n")):
-        if peer_step is None and "{peer_step}" in statement:
-            continue
-        store.execute(statement.format(rank_step=rank_step, rank_step_incomplete=moved, peer_step=peer_step,
-                                       collectives=collectives, groups=groups, join=join,
-                                       instance=instance_sql(store.topology, dp, tp, "_t", cp)))
+    within = ("EXISTS (SELECT 1 FROM _incomplete_ranges i WHERE i.rank = r.rank "
+              "AND r.step BETWEEN i.first_step AND i.last_step)")
+    store.execute(f"CREATE OR REPLACE TEMP TABLE {moved} AS SELECT * FROM {rank_step} r WHERE {within}")
+    store.execute(f"DELETE FROM {rank_step} r WHERE {within}")
+    if peer_step is not None:  # both ends of a p2p link must be complete
+        store.execute(f"""DELETE FROM {_table(peer_step)} p WHERE EXISTS (SELECT 1 FROM _incomplete_ranges i
+            WHERE (i.rank = p.rank OR i.rank = p.peer) AND p.step BETWEEN i.first_step AND i.last_step)""")
+    store.execute(f"""DELETE FROM {collectives} c WHERE EXISTS (
+        SELECT 1 FROM incomplete_collectives('_incomplete_ranges', $groups, $dp, $tp, $cp, $renumber) k
+        WHERE k."group" = c."group" AND k.instance = c.instance AND c.step BETWEEN k.first_step AND k.last_step)""",
+                  {"groups": list(MATCHED_GROUPS), **LayoutParams.of(store).params()})
     store.execute("DROP TABLE _incomplete_ranges")
     return int(store.query(f"SELECT count(*) AS n FROM {moved}").n.iloc[0])
 
 
-def read_batch(store: Store, prefixes: list[str] | None, base: int, timeline: bool,
-               first_step: int | None = None) -> None:
-    """_batch_peer_step, _batch_partials (event_pass.sql or event_pass_flat.sql) and _batch_steps
-    from one batch's segments, from `first_step` on when given (the summary cache's extension of a
-    live run). Raw DuckDB calls: run_with_retry sees which segment failed."""
-    since = "" if first_step is None else f" WHERE step >= {int(first_step)}"
-    source = store.batch_source("events", prefixes)
-    if since:
-        source = f"(SELECT * FROM {source}{since})"
-    if timeline:
-        store.con.execute("CREATE OR REPLACE TEMP TABLE _batch AS " + pass_sql(store, source, base, True))
-        # keep only what each grouping needs: the wide batch rows would fill DuckDB's memory
-        store.con.execute(f"CREATE OR REPLACE TEMP TABLE _batch_peer_step AS SELECT {RANK_COLUMNS} FROM _batch "
-                          "WHERE gset = 0")
-        store.con.execute(f"CREATE OR REPLACE TEMP TABLE _batch_partials AS SELECT {COLLECTIVE_COLUMNS} "
-                          "FROM _batch WHERE gset = 1 AND instance IS NOT NULL")
-        store.con.execute("DROP TABLE _batch")
-    else:
-        for statement in flat_pass_sql(store, source, base):
-            store.con.execute(statement)
-        store.con.execute("DROP TABLE _batch_events")
-    # only the columns rank_step.sql reads (10^5 small files: every column chunk costs)
-    store.con.execute(f"CREATE OR REPLACE TEMP TABLE _batch_steps AS SELECT {STEP_COLUMNS} FROM "
-                      + store.batch_source("steps", prefixes) + since)
-
-
-def batch_rank_step_sql(gap: str, verb: str) -> str:
-    """rank_step.sql over one batch: its steps (_batch_steps) and its events' rows (_batch_peer_step)."""
-    sql = load_sql("rank_step").replace("{gap}", gap)
-    for old, new in (("CREATE OR REPLACE TEMP TABLE rank_step AS", verb),
-                     ("FROM _rank_peer_step", "FROM _batch_peer_step"),
-                     ("FROM steps s", "FROM _batch_steps s")):
-        if old not in sql:
-            raise RuntimeError(f"rank_step.sql no longer holds '{old}'; update event_pass.batch_rank_step_sql")
-        sql = sql.replace(old, new)
-    return sql
-
-
-def flat_pass_sql(store: Store, source: str, base: int) -> list[str]:
-    """The statements of event_pass_flat.sql over one source (no timeline: no sort)."""
-    sql = _format_pass(load_sql("event_pass_flat"), store, source, base)
-    return [s.strip() for s in sql.split("\n;\n") if s.strip()]
-
-
-def pass_sql(store: Store, source: str, base: int, timeline: bool = True) -> str:
-    """The event pass over one source; without `timeline` the window (a sort of every event) is
-    replaced by NULLs: nothing counts as nested, and gaps come from the step residual instead."""
-    sql = load_sql("event_pass").rstrip().rstrip(";")
-    if not timeline:
-        head, rest = sql.split("), _timeline AS (", 1)
-        sql = (head + "), _timeline AS (SELECT *, NULL::BIGINT AS busy, NULL::BIGINT AS coll_end, "
-               "NULL::BIGINT AS comm_end, NULL::BIGINT AS prev_end, NULL::BIGINT AS prev_start FROM _coded"
-               + rest.split("-- timeline:end", 1)[1])
-    return _format_pass(sql, store, source, base)
-
-
-def _format_pass(sql: str, store: Store, source: str, base: int) -> str:
-    """Fill an event-pass statement's placeholders; both passes code roles with sql/_event_role.sql."""
-    topo = store.manifest["topology"]
-    dp, tp, cp = int(topo["dp"]), int(topo["tp"]), int(topo.get("cp", 1))  # no cp in run.json: cp = 1
-    join = "" if is_regular(store.topology, dp, tp, cp) else "JOIN topology _t USING (rank)"
-    role = "\n".join(line for line in load_sql("_event_role").splitlines() if not line.startswith("--"))
-    return sql.format(source=source, instance=instance_sql(store.topology, dp, tp, "_t", cp), join=join, base=base,
-                      wait_suffix=_WAIT_LITERAL, async_op=async_op_sql(store),
-                      event_role=role.format(wait_suffix=_WAIT_LITERAL))
-
+# ---- what the plan is decided from ---------------------------------------------------------------
 
 def has_wait_spans(store: Store) -> bool:
     """Whether the trace has `<op>.wait` rows: the CPU tracer's (gloo), whose p2p ops end when the host
     called wait(), not when the bytes arrived. The first rank's events are checked (a few files)."""
     first = store.table_source("events", [int(store.topology["rank"].iloc[0])])
     row = store.query(f"SELECT count(*) AS n FROM (SELECT 1 FROM {first} WHERE kind = 'host' "
-                      f"AND ends_with(name, {_WAIT_LITERAL}) LIMIT 1)")
+                      "AND ends_with(name, $suffix) LIMIT 1)", {"suffix": WAIT_SUFFIX})
     return bool(len(row) and int(row.n.iloc[0]) > 0)
 
 
-def async_op_sql(store: Store) -> str:
-    """SQL telling an async op of the CPU tracer (its start, the enqueue, after its issue; a sync op's
-    start is its issue) on traces that have `<op>.wait` rows, else `false`. An async op without a wait
-    row completed before wait(): it never blocked the rank. GPU traces (start: a CUDA event, after the
-    host issue even for sync ops) have no wait rows, and their issue_ns column is then not read."""
-    return "issue_ns < start_ns" if has_wait_spans(store) else "false"
-
-
 def needs_timeline(store: Store, base: int, tolerance: float = 0.01) -> bool:
-    """Does this trace need the timeline (a sort of 10^8 events on big runs)? Run both passes on a
+    """Does this trace need the timeline (a sort of 10^8 events on big runs)? Run both variants on a
     sample of ranks (every stage, a few replicas): the sort-free one is exact when no span nests in
     compute and the step residual equals the timeline's gaps (no async span hides or fakes host
     time), within `tolerance` of the step on 99% of the sampled rank-steps."""
     topo = store.topology
     picks = topo.groupby("pp")["rank"].apply(lambda r: list(r.iloc[:: max(1, len(r) // 4)][:4]))
     sample = sorted(int(r) for ranks in picks for r in ranks)[:SAMPLE_RANKS]
-    source = store.table_source("events", sample)
-    steps = store.table_source("steps", sample)
-    frames = {}
-    for mode in (True, False):
-        sums = store.query(f"""SELECT rank, step, sum(nested_ns) AS nested_ns, sum(gap_ns) AS gap_ns,
-                                      sum(compute_ns + recv_ns + collective_ns + data_wait_ns) AS covered_ns
-                               FROM ({pass_sql(store, source, base, mode)}) WHERE gset = 0 GROUP BY ALL""")
-        frames[mode] = sums.set_index(["rank", "step"]).sort_index()
-    st = store.query(f"SELECT rank, step, end_ns - start_ns AS step_ns FROM {steps}").set_index(["rank", "step"])
-    tl = frames[True].join(st, how="inner")
+    define_sql(store)
+    async_ops = has_wait_spans(store)
+    sums = ("SELECT rank, step, sum(nested_ns) AS nested_ns, sum(gap_ns) AS gap_ns, "
+            "sum(compute_ns + recv_ns + collective_ns + data_wait_ns) AS covered_ns FROM _batch_peer_step GROUP BY ALL")
+
+    def sample_sums() -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+        store.source_view("_sample_events", "events", ranks=sample)
+        store.source_view("_sample_steps", "steps", ranks=sample)
+        frames = []
+        for timeline in (True, False):
+            _event_pass(store, "_sample_events", PassPlan(base, timeline, async_ops, LayoutParams.of(store)),
+                        partials=False)
+            frames.append(store.con.execute(sums).df().set_index(["rank", "step"]).sort_index())
+        steps = store.con.execute("SELECT rank, step, end_ns - start_ns AS step_ns FROM _sample_steps").df()
+        store.con.execute("DROP TABLE _batch_peer_step")
+        store.con.execute("DROP VIEW _sample_events")
+        store.con.execute("DROP VIEW _sample_steps")
+        return frames[0], frames[1], steps.set_index(["rank", "step"])
+
+    timeline, flat, steps = store.run_with_retry(sample_sums)
+    tl = timeline.join(steps, how="inner")
     if tl.empty or (tl.nested_ns > 0).any():
         return True
-    residual = (tl.step_ns - frames[False].covered_ns.reindex(tl.index)).clip(lower=0)
+    residual = (tl.step_ns - flat.covered_ns.reindex(tl.index)).clip(lower=0)
     off = (residual - tl.gap_ns).abs() > tolerance * tl.step_ns
     return bool(off.mean() > 0.01)
 

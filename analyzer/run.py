@@ -14,9 +14,9 @@ from typing import Any, Protocol
 import pandas as pd
 
 from megascope.analyzer import critical_path as cp
-from megascope.analyzer.event_pass import build_event_pass
+from megascope.analyzer.event_pass import build_event_pass, late_arrivals
 from megascope.analyzer.explain import drop_explained
-from megascope.analyzer.findings import MIN_LATENESS_S, SEVERITY_ORDER, Finding
+from megascope.analyzer.findings import SEVERITY_ORDER, Finding
 from megascope.analyzer.flaps import FlapDetector
 from megascope.analyzer.hangs import HangReport, find_hang
 from megascope.analyzer.heatmap import Heatmap, heatmap
@@ -85,9 +85,7 @@ class Run:
                                           tables_built="collectives" in self._built, progress=self.progress)
         elif name == "collectives":
             self._ensure("rank_step")
-            arrivals = load_sql("arrivals").rstrip().rstrip(";")
-            self.store.execute("CREATE OR REPLACE TEMP TABLE late_arrivals AS " +
-                               arrivals.replace("$min_lateness_s", repr(MIN_LATENESS_S)))
+            late_arrivals(self.store)  # collective_instances -> late_arrivals (sql/arrivals.sql)
         self._built.add(name)
 
     def steps(self) -> pd.DataFrame:

@@ -37,6 +37,8 @@ METADATA_CACHE_MAX_FILES = 20_000
 _FILE_IN_ERROR = re.compile(r"""['"]([^'"]+\.parquet)['"]""")
 _DUCKDB_DATA_ERRORS = (duckdb.IOException, duckdb.InvalidInputException, duckdb.BinderException,
                        duckdb.ConversionException)
+SOURCE_VIEWS = frozenset({"_batch_events_src", "_batch_steps_src", "_sample_events", "_sample_steps"})
+"""The views source_view may create: the event pass's batch and sample inputs."""
 NO_STEP = 1 << 62
 """Open end of an incomplete range (a damaged segment with no readable neighbour on that side)."""
 
@@ -300,6 +302,24 @@ class Store:
             used = sorted({stems[name[:len(name) - wild]] for name in folders})
             listing = ", ".join(f"'{root}/{p}/*.parquet'" for p in used)
         return f"({self._latest(table, f'SELECT {columns} FROM read_parquet([{listing}], hive_partitioning=false)')})"
+
+    def source_view(self, name: str, table: str, patterns: list[str] | None = None,
+                    ranks: list[int] | None = None) -> None:
+        """Create (or replace) the temp view `name` over one table's segments: those of some ranks
+        (`ranks`, table_source) or of one batch (`patterns`, batch_source; neither: the whole view), so
+        the SQL library reads it by name. `name` is one of SOURCE_VIEWS. A raw DuckDB call: use it
+        inside the action given to run_with_retry (a damaged segment dropped changes the source)."""
+        if name not in SOURCE_VIEWS:
+            raise ValueError(f"Store.source_view: '{name}' is not one of {sorted(SOURCE_VIEWS)}")
+        source = self.table_source(table, ranks) if ranks is not None else self.batch_source(table, patterns)
+        self.con.execute(f"CREATE OR REPLACE TEMP VIEW {name} AS SELECT * FROM {source}")
+
+    def adopt_damaged(self, damaged: list[tuple[str, str, str]]) -> None:
+        """Drop the segments another process found damaged ((table, path, error) from a remote batch
+        of the event pass) from this store's views too, with the same warning."""
+        stale = {self._drop_segment(path, error) for table, path, error in damaged if path in self.files[table]}
+        for table in sorted(stale):
+            self.run_with_retry(lambda: self._make_view(table))
 
     def query(self, sql: str, params: dict | list | None = None) -> pd.DataFrame:
         return self.run_with_retry(lambda: self.con.execute(sql, params or {}).df())

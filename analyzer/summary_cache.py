@@ -47,10 +47,8 @@ FORMAT_VERSION = 2
 """2: rank-steps of damaged segments are left out (event_pass.drop_incomplete); v1 summaries held them."""
 MAX_PARTS = 32
 GC_AGE_S = 600.0
-MIN_LATENESS_S = "1e-4"  # as Run._ensure("collectives"): arrivals later than this count as late
-_SQL_FILES = ("event_pass", "event_pass_flat", "_event_role", "rank_step", "collectives", "arrivals", "incomplete")
-_SUMMARY_SELECT = """SELECT rs.*, coalesce(la.late_count, 0)::BIGINT AS late_count, la.lateness_s
-    FROM {rank_step} rs LEFT JOIN {late} la USING (rank, step)"""
+SUMMARY_TABLES = ep.PassTables("_summary_rank_step", None, "_summary_partials")
+"""Where the extension's batches accumulate (the Run's own tables are left alone)."""
 
 
 @dataclass
@@ -98,8 +96,7 @@ def ensure_summary(store: Store, build_tables: Callable[[], None], tables_built:
             return _save(store, folder, manifest, bool(manifest["timeline"]), first)
     build_tables()
     timeline = len(store.topology) <= ep.TIMELINE_ALWAYS_RANKS or ep.needs_timeline(store, ep.run_start_ns(store))
-    store.execute("CREATE OR REPLACE TEMP TABLE _summary_rows AS "
-                  + _SUMMARY_SELECT.format(rank_step="rank_step", late="late_arrivals"))
+    _summary_rows(store, "rank_step", "late_arrivals", ep.NO_FIRST_STEP)
     return _save(store, folder, None, timeline, None)
 
 
@@ -131,21 +128,21 @@ def _save(store: Store, folder: Path, manifest: dict | None, timeline: bool, fir
             if part["last"] < first:
                 parts.append(part)
             elif part["first"] < first:  # the part straddling the first rebuilt step: keep its older rows
-                parts.append(_write_part(store, f"SELECT * FROM read_parquet('{_quote(folder / part['file'])}') "
-                                                f"WHERE step < {int(first)}", folder))
+                parts.append(_write_part(store, "SELECT * FROM read_parquet($files) WHERE step < $first", folder,
+                                         {"files": [str(folder / part["file"])], "first": int(first)}))
         parts.append(_write_part(store, "SELECT * FROM _summary_rows", folder))
         if len(parts) > MAX_PARTS:
-            listing = ", ".join(f"'{_quote(folder / p['file'])}'" for p in parts)
-            parts = [_write_part(store, f"SELECT * FROM read_parquet([{listing}])", folder)]
+            parts = [_write_part(store, "SELECT * FROM read_parquet($files)", folder,
+                                 {"files": [str(folder / p["file"]) for p in parts]})]
         _commit(store, folder, timeline, parts)
     except OSError as exc:
         store.warnings.append(f"could not save the rank-step summary in {folder} ({exc.strerror or exc}); "
                               "it is kept in memory for this session")
         if first is not None:  # the older rows come from the parts still on disk
-            listing = ", ".join(f"'{_quote(folder / p['file'])}'" for p in manifest["parts"])
-            store.execute(f"""CREATE OR REPLACE TEMP TABLE _summary_rows AS
-                SELECT * FROM read_parquet([{listing}]) WHERE step < {int(first)}
-                UNION ALL BY NAME SELECT * FROM _summary_rows""")
+            store.execute("""CREATE OR REPLACE TEMP TABLE _summary_rows AS
+                SELECT * FROM read_parquet($files) WHERE step < $first
+                UNION ALL BY NAME SELECT * FROM _summary_rows""",
+                          {"files": [str(folder / p["file"]) for p in manifest["parts"]], "first": int(first)})
         store.execute(f"CREATE OR REPLACE TEMP VIEW {SUMMARY_VIEW} AS SELECT * FROM _summary_rows")
         return SummaryState("memory", None, first)
     store.execute("DROP TABLE IF EXISTS _summary_rows")
@@ -153,17 +150,18 @@ def _save(store: Store, folder: Path, manifest: dict | None, timeline: bool, fir
     return SummaryState("built" if first is None else "extended", folder, first, len(parts))
 
 
-def _write_part(store: Store, select: str, folder: Path) -> dict:
-    """One Parquet part (sorted by step, zstd), written to a temporary name and renamed."""
+def _write_part(store: Store, select: str, folder: Path, params: dict | None = None) -> dict:
+    """One Parquet part (sorted by step, zstd) of `select` (with its bound `params`), written to a
+    temporary name and renamed."""
     name = f"part-{uuid.uuid4().hex[:16]}.parquet"
     tmp = folder / f".{name}.tmp"
     try:  # DuckDB writes it streaming: 10^7 rows would not fit in memory as one Arrow table
-        store.execute(f"COPY ({select} ORDER BY step, rank) TO '{_quote(tmp)}' "
-                      "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 262144)")
+        store.execute(f"COPY ({select} ORDER BY step, rank) TO $part "
+                      "(FORMAT parquet, COMPRESSION zstd, ROW_GROUP_SIZE 262144)", {**(params or {}), "part": str(tmp)})
         os.replace(tmp, folder / name)
     finally:
         tmp.unlink(missing_ok=True)
-    row = store.query(f"SELECT min(step) AS a, max(step) AS b FROM read_parquet('{_quote(folder / name)}')")
+    row = store.query("SELECT min(step) AS a, max(step) AS b FROM read_parquet($file)", {"file": str(folder / name)})
     first, last = row.a.iloc[0], row.b.iloc[0]
     empty = bool(pd.isna(first))  # no rows: NULL comes back as None, NaN or pd.NA by dtype
     return {"file": name, "first": -1 if empty else int(first), "last": -1 if empty else int(last)}
@@ -182,6 +180,7 @@ def _commit(store: Store, folder: Path, timeline: bool, parts: list[dict]) -> No
 
 
 def _view(store: Store, files: list[Path]) -> None:
+    # a view keeps its text (no bound parameters): the parts' paths are quoted into it
     listing = ", ".join(f"'{_quote(f)}'" for f in files)
     store.execute(f"CREATE OR REPLACE TEMP VIEW {SUMMARY_VIEW} AS SELECT * FROM read_parquet([{listing}])")
 
@@ -192,45 +191,30 @@ def _quote(path: Path | str) -> str:
 
 def _rebuild_from(store: Store, first: int, timeline: bool, progress=None) -> None:
     """_summary_rows = the summary's rows from step `first` on, built as the event pass builds them
-    (event_pass.py: the same batches, SQL and gap rule) from the events and steps of those steps only,
+    (event_pass.py's batch loop, SQL and gap rule) from the events and steps of those steps only,
     into private tables: the Run's own rank_step and collective_instances are left alone."""
-    base = ep.run_start_ns(store)
-    batches = store.rank_prefix_batches(ep.BATCH_RANKS) or [None]
-    gap = ep.TIMELINE_GAP_SQL if timeline else ep.SIMPLE_GAP_SQL
-    for i, prefixes in enumerate(batches):
-        if progress is not None:
-            progress("updating the rank-step summary", i, len(batches))
-        store.run_with_retry(lambda: ep.read_batch(store, prefixes, base, timeline, first))
-        verb = "CREATE OR REPLACE TEMP TABLE {} AS " if i == 0 else "INSERT INTO {} "
-        store.execute(ep.batch_rank_step_sql(gap, verb.format("_summary_rank_step")))
-        store.execute(verb.format("_summary_partials") + f"SELECT {ep.COLLECTIVE_COLUMNS} FROM _batch_partials")
-    collectives = _renamed(_renamed(load_sql("collectives"), "TEMP TABLE collective_instances AS",
-                                    "TEMP TABLE _summary_collectives AS"),
-                           "FROM _collective_partials", "FROM _summary_partials")
-    store.execute(collectives.format(base=base))
+    plan = ep.plan_pass(store, timeline=timeline, first_step=first)
+    ep.run_batches(store, plan, SUMMARY_TABLES, progress=progress, label="updating the rank-step summary")
+    ep.collective_instances(store, "_summary_partials", "_summary_collectives", plan.base)
     ep.drop_incomplete(store, "_summary_rank_step", None, "_summary_collectives")
-    arrivals = _renamed(load_sql("arrivals"), "FROM collective_instances", "FROM _summary_collectives")
-    store.execute("CREATE OR REPLACE TEMP TABLE _summary_late AS " +
-                  arrivals.rstrip().rstrip(";").replace("$min_lateness_s", MIN_LATENESS_S))
-    store.execute(f"""CREATE OR REPLACE TEMP TABLE _summary_rows AS
-        SELECT * FROM ({_SUMMARY_SELECT.format(rank_step="_summary_rank_step", late="_summary_late")})
-        WHERE step >= {int(first)}""")
+    ep.late_arrivals(store, "_summary_collectives", "_summary_late")
+    _summary_rows(store, "_summary_rank_step", "_summary_late", first)
     for table in ("_summary_rank_step", "_summary_rank_step_incomplete", "_summary_collectives", "_summary_late",
-                  "_summary_partials", "_batch", "_batch_events", "_batch_steps", "_batch_peer_step",
-                  "_batch_partials"):
+                  "_summary_partials"):
         store.execute(f"DROP TABLE IF EXISTS {table}")
 
 
-def _renamed(sql: str, old: str, new: str) -> str:
-    if old not in sql:  # the analyzer's SQL changed shape: say so rather than clobber its tables
-        raise RuntimeError(f"summary_cache: expected '{old}' in the analyzer SQL; update summary_cache.py")
-    return sql.replace(old, new)
+def _summary_rows(store: Store, rank_step: str, late: str, first: int) -> None:
+    """The temp table _summary_rows: rank_step_summary.sql over the tables `rank_step` and `late`."""
+    ep.define_sql(store)
+    store.execute("CREATE OR REPLACE TEMP TABLE _summary_rows AS FROM rank_step_summary_of($rank_step, $late, $first)",
+                  {"rank_step": rank_step, "late": late, "first": int(first)})
 
 
 def _first_step(store: Store, new: list[str]) -> int | None:
     """First step any new segment holds (None: no step in them; a rebuild decides)."""
-    listing = ", ".join(f"'{_quote(store.path / s)}'" for s in new)
-    row = store.query(f"SELECT min(step) AS s FROM read_parquet([{listing}], union_by_name=true)")
+    row = store.query("SELECT min(step) AS s FROM read_parquet($files, union_by_name=true)",
+                      {"files": [str(store.path / s) for s in new]})
     value = row.s.iloc[0] if len(row) else None
     return None if value is None or value != value else int(value)
 
@@ -245,7 +229,7 @@ def _segments(store: Store) -> list[str]:
 def _fingerprint(store: Store) -> str:
     """What besides the segments the summary depends on: the analyzer's SQL and the topology."""
     h = hashlib.sha256()
-    for name in _SQL_FILES:
+    for name in ep.SQL_FILES:
         h.update(load_sql(name).encode())
     h.update(json.dumps(store.manifest.get("topology"), sort_keys=True, default=str).encode())
     h.update(json.dumps(store.manifest.get("peak_flops"), sort_keys=True, default=str).encode())

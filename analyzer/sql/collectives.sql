@@ -1,22 +1,25 @@
--- collective_instances: one row per collective op instance (all members of one group instance, same
--- seq), merged from the event pass's per-batch partial rows (event_pass.py, _collective_partials).
--- The group instance comes from the topology (layout.py): dp peers share (pp, tp) (with context
+-- collective_instances_of(partials, base): one row per collective op instance (all members of one group
+-- instance, same seq), merged from the event pass's per-batch partial rows (event_pass.sql gset = 1,
+-- flat_partials.sql; the run's are _collective_partials, its table `collective_instances`). The group
+-- instance comes from the topology (group_instance.sql): dp peers share (pp, tp) (with context
 -- parallelism the dp group spans dp x cp ranks), tp peers share (pp, dp, cp), cp peers (pp, dp, tp), pp
 -- and embedding peers (dp, cp, tp), world is one instance; unknown groups are not matched.
+--   partials VARCHAR          -- name of the partial rows' relation
+--   base BIGINT               -- the time origin the partials' issue_sum_ms is counted from
 --   "group" VARCHAR, instance BIGINT, seq BIGINT, step BIGINT, name VARCHAR
 --   members BIGINT            -- members that recorded the op
 --   last_rank INT             -- the member that arrived (issued) last: the one the others waited for
 --   lateness_s DOUBLE         -- last arrival - mean arrival: how late the last member was
 --   skew_s DOUBLE             -- last arrival - first arrival
 --   effective_s DOUBLE        -- end - last arrival: the transfer itself, peer waiting removed
-CREATE OR REPLACE TEMP TABLE collective_instances AS
+CREATE OR REPLACE TEMP MACRO collective_instances_of(partials, base) AS TABLE
 SELECT "group", instance, seq,
     min(first_step) AS step,
     any_value(op_name) AS name,
     sum(n_events) AS members,
     arg_max(last_rank, last_issue_ns) AS last_rank,
-    (max(last_issue_ns) - {base}) / 1e9 - sum(issue_sum_ms) / 1e3 / sum(n_events) AS lateness_s,
+    (max(last_issue_ns) - base) / 1e9 - sum(issue_sum_ms) / 1e3 / sum(n_events) AS lateness_s,
     (max(last_issue_ns) - min(first_issue_ns)) / 1e9 AS skew_s,
     greatest(max(last_end_ns) - max(last_issue_ns), 0) / 1e9 AS effective_s
-FROM _collective_partials
-GROUP BY "group", instance, seq;
+FROM query_table(partials)
+GROUP BY "group", instance, seq

@@ -1,16 +1,18 @@
--- _pass: the one scan of the events every analysis derives from. Each event is placed on its rank's
--- timeline (a window over the rank-step ordered by start time), then two groupings are aggregated in
--- the same pass (GROUPING SETS): per (rank, step, peer) where the time went, and per collective
--- (group, instance, seq) the arrival of its members.
+-- event_pass_timeline(events, first_step, base, async_ops, wait_suffix, dp, tp, cp, renumber): the one
+-- scan of a batch's events that every analysis derives from, for traces whose spans nest or overlap.
+-- Each event is placed on its rank's timeline (a window over the rank-step ordered by start time), then
+-- two groupings are aggregated in the same pass (GROUPING SETS): per (rank, step, peer) where the time
+-- went, and per collective (group, instance, seq) the arrival of its members.
+-- Its sort-free sibling for traces whose spans neither nest nor overlap is event_pass_flat.sql.
 -- Timeline rules (spans of the real trainer overlap: async sends and reductions stay open while the
 -- rank computes, receives are posted one action ahead, tensor-parallel ops run inside forward):
 --   waits   : `<op>.wait` host spans (CPU tracer: the training thread blocked in wait() on async op
 --             <op>; tracer.schema.WAIT_SUFFIX) are the exposed time of their op, which is matched by
 --             (rank, group, seq, peer, direction) - in any step: a prefetched gather is waited in the
 --             next step - and counted nowhere itself ("waited": issue -> completion overlaps compute,
---             hidden communication). On such traces an async op without a wait row ({async_op}: its
+--             hidden communication). On such traces (async_ops) an async op without a wait row (its
 --             start, the enqueue, after its issue) completed before wait(): hidden too. Other ops
---             (sync ops; GPU and simulated traces: no wait rows, {async_op} is false) are their own
+--             (sync ops; GPU and simulated traces: no wait rows, async_ops false) are their own
 --             exposed time.
 --   nested  : a collective/p2p span or a wait (not a waited op) that ends inside an open compute span
 --             (sync op inside forward, backward or optimizer; ZeRO's prefetched param_all_gather
@@ -21,32 +23,39 @@
 --             An async send still in flight does not hide the rank's own delay before its next issue;
 --             waiting for an async reduction to complete does not count (an async collective still in
 --             flight does hide it: the conservative side, and it saves a second sort by end time).
--- Formatted: {source} (events of a batch of ranks), {instance} (layout.instance_sql), {join} (a topology
--- join when ranks are not numbered regularly), {base} (a time origin, ns: an hour before the first step),
--- {wait_suffix} (tracer.schema.WAIT_SUFFIX as an SQL literal), {async_op} (event_pass.async_op_sql: SQL
--- true on async ops of traces with wait rows, else false). Collective rows with a NULL
--- instance (non-collectives, unknown groups) are junk of the second grouping and dropped by the caller.
+-- Arguments (all bound by event_pass.py, none spliced):
+--   events VARCHAR        -- name of the relation holding the batch's events (tracer.schema.EVENTS columns)
+--   first_step BIGINT     -- only events of steps >= first_step (the summary cache's extension of a live run)
+--   base BIGINT           -- a time origin, ns: an hour before the run's first step (event_pass.run_start_ns)
+--   async_ops BOOLEAN     -- the trace has `<op>.wait` rows: an op whose start is after its issue is async
+--   wait_suffix VARCHAR   -- tracer.schema.WAIT_SUFFIX
+--   dp, tp, cp, renumber  -- the layout, as group_instance.sql takes it
+-- Columns (one row per group of either grouping set; collective rows with a NULL instance -
+-- non-collectives, unknown groups - are junk of the second grouping and dropped by the caller):
 --   gset INT                 -- 0: (rank, step, peer) rows; 1: collective partial rows
---   per (rank, step, peer): compute_ns (inclusive), forward_ns, backward_ns, optimizer_ns (own time:
---     nested waits removed), nested_ns, recv_ns (receives outside compute, p2p waits, p2p nested in
+--   rank INT, step BIGINT, peer INT, "group" VARCHAR, instance BIGINT, seq BIGINT  -- the grouping keys
+--   per (rank, step, peer), BIGINT ns: compute_ns (inclusive), forward_ns, backward_ns, optimizer_ns (own
+--     time: nested waits removed), nested_ns, recv_ns (receives outside compute, p2p waits, p2p nested in
 --     compute), collective_ns (collectives outside compute, collective waits, collectives nested in
---     compute; waited ops excluded), data_wait_ns, gap_ns (host gaps),
---     gap_p2p_ns, gap_coll_ns (gaps right before p2p / collective issues), send_min_ns, sends,
---     recv_min_ns, n_events
---   per collective: step, name, members, last_rank, last_issue_ns, first_issue_ns, issue_sum_ms
---     (sum of issue - run start, ms, for the mean arrival), end_ns
+--     compute; waited ops excluded), data_wait_ns, gap_ns (host gaps), gap_p2p_ns, gap_coll_ns (gaps
+--     right before p2p / collective issues), send_min_ns, sends, recv_min_ns, n_events
+--   per collective: first_step, op_name, n_events (members), last_rank, last_issue_ns, first_issue_ns,
+--     issue_sum_ms (DOUBLE: sum of issue - base, ms, for the mean arrival), last_end_ns
+CREATE OR REPLACE TEMP MACRO event_pass_timeline(events, first_step, base, async_ops, wait_suffix,
+                                                 dp, tp, cp, renumber) AS TABLE
 WITH _raw AS MATERIALIZED (
-    -- one small integer per event role (sql/_event_role.sql), so the window sorts narrow rows
+    -- one small integer per event role (event_role.sql), so the window sorts narrow rows
     SELECT rank, step, peer, start_ns, end_ns,
-        {event_role} AS role,
+        event_role(kind, name, peer, wait_suffix) AS role,
         -- the op key (group, seq) of ops and waits; collective names for the second grouping
-        CASE WHEN kind IN ('collective', 'p2p') OR kind = 'host' AND ends_with(name, {wait_suffix})
+        CASE WHEN kind IN ('collective', 'p2p') OR kind = 'host' AND ends_with(name, wait_suffix)
              THEN "group" END AS op_group,
-        CASE WHEN kind IN ('collective', 'p2p') OR kind = 'host' AND ends_with(name, {wait_suffix})
+        CASE WHEN kind IN ('collective', 'p2p') OR kind = 'host' AND ends_with(name, wait_suffix)
              THEN seq END AS op_seq,
         CASE WHEN kind = 'collective' THEN name END AS op_name,
-        kind IN ('collective', 'p2p') AND {async_op} AS async_op
-    FROM {source}
+        kind IN ('collective', 'p2p') AND async_ops AND issue_ns < start_ns AS async_op
+    FROM query_table(events)
+    WHERE step >= first_step
 ), _waits AS (
     SELECT DISTINCT rank, op_group, op_seq, peer, role - 5 AS op_role FROM _raw WHERE role BETWEEN 11 AND 14
 ), _coded AS (
@@ -61,12 +70,12 @@ WITH _raw AS MATERIALIZED (
     FROM _raw r LEFT JOIN _waits w
         ON r.role = w.op_role AND r.rank = w.rank AND r.op_group = w.op_group AND r.op_seq = w.op_seq
            AND r.peer = w.peer
-), _timeline AS (  -- timeline:begin (event_pass.py swaps this block out for traces that need no sort)
+), _timeline AS (
     SELECT *,
         -- the latest-ending compute/host span issued before, and its role, in one running max of
         -- (end in us since base) * 16 + role: each framed aggregate is a pass over the rows, and us
-        -- keep any run length within BIGINT ({base} is an hour before the run's first step)
-        max(((end_ns - {base}) // 1000) * 16 + role) FILTER (WHERE role <= 5 OR role BETWEEN 11 AND 14)
+        -- keep any run length within BIGINT (base is an hour before the run's first step)
+        max(((end_ns - base) // 1000) * 16 + role) FILTER (WHERE role <= 5 OR role BETWEEN 11 AND 14)
             OVER _before AS busy,
         max(end_ns) FILTER (WHERE role IN (6, 8)) OVER _before AS coll_end,
         max(end_ns) FILTER (WHERE comm) OVER _before AS comm_end,
@@ -76,9 +85,8 @@ WITH _raw AS MATERIALIZED (
     WINDOW _order AS (PARTITION BY rank, step ORDER BY start_ns, end_ns DESC),
            _before AS (PARTITION BY rank, step ORDER BY start_ns, end_ns DESC
                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-    -- timeline:end
 ), _busy AS (
-    SELECT *, (busy // 16) * 1000 + 999 + {base} AS busy_end, busy % 16 AS busy_role FROM _timeline
+    SELECT *, (busy // 16) * 1000 + 999 + base AS busy_end, busy % 16 AS busy_role FROM _timeline
 ), _placed AS (
     SELECT *, end_ns - start_ns AS dur_ns,
         coalesce(comm AND busy_end >= end_ns AND busy_role <= 3, false) AS nested,
@@ -94,28 +102,28 @@ WITH _raw AS MATERIALIZED (
                                                CASE WHEN prev_end <= start_ns + 1000 THEN prev_end ELSE 0 END,
                                                least(coalesce(coll_end, 0), start_ns)), 0)
         END AS gap_ns,
-        {instance} AS instance
-    FROM _busy {join}
+        group_instance("group", rank, dp, tp, cp, renumber) AS instance
+    FROM _busy
 )
 SELECT CAST(GROUPING(rank, step, peer) > 0 AS INT) AS gset, rank, step, peer, "group", instance, seq,
-    coalesce(sum(dur_ns) FILTER (WHERE role <= 3), 0) AS compute_ns,
-    coalesce(sum(dur_ns) FILTER (WHERE role = 0), 0)
-        - coalesce(sum(wait_ns) FILTER (WHERE nested AND busy_role = 0), 0) AS forward_ns,
-    coalesce(sum(dur_ns) FILTER (WHERE role = 1), 0)
-        - coalesce(sum(wait_ns) FILTER (WHERE nested AND busy_role = 1), 0) AS backward_ns,
-    coalesce(sum(dur_ns) FILTER (WHERE role = 2), 0)
-        - coalesce(sum(wait_ns) FILTER (WHERE nested AND busy_role = 2), 0) AS optimizer_ns,
-    coalesce(sum(wait_ns) FILTER (WHERE nested), 0) AS nested_ns,
+    coalesce(sum(dur_ns) FILTER (WHERE role <= 3), 0)::BIGINT AS compute_ns,
+    (coalesce(sum(dur_ns) FILTER (WHERE role = 0), 0)
+     - coalesce(sum(wait_ns) FILTER (WHERE nested AND busy_role = 0), 0))::BIGINT AS forward_ns,
+    (coalesce(sum(dur_ns) FILTER (WHERE role = 1), 0)
+     - coalesce(sum(wait_ns) FILTER (WHERE nested AND busy_role = 1), 0))::BIGINT AS backward_ns,
+    (coalesce(sum(dur_ns) FILTER (WHERE role = 2), 0)
+     - coalesce(sum(wait_ns) FILTER (WHERE nested AND busy_role = 2), 0))::BIGINT AS optimizer_ns,
+    coalesce(sum(wait_ns) FILTER (WHERE nested), 0)::BIGINT AS nested_ns,
     -- communication the rank sat in: outside compute its span, nested its wait (async sends in flight
     -- outside compute are not waiting)
     coalesce(sum(CASE WHEN nested THEN wait_ns ELSE dur_ns END)
-             FILTER (WHERE comm AND (role IN (8, 12, 13, 14) OR nested AND role IN (7, 9))), 0) AS recv_ns,
-    coalesce(sum(CASE WHEN nested THEN wait_ns ELSE dur_ns END) FILTER (WHERE comm AND role IN (6, 11)), 0)
+             FILTER (WHERE comm AND (role IN (8, 12, 13, 14) OR nested AND role IN (7, 9))), 0)::BIGINT AS recv_ns,
+    coalesce(sum(CASE WHEN nested THEN wait_ns ELSE dur_ns END) FILTER (WHERE comm AND role IN (6, 11)), 0)::BIGINT
         AS collective_ns,
-    coalesce(sum(dur_ns) FILTER (WHERE role = 4), 0) AS data_wait_ns,
-    sum(gap_ns) AS gap_ns,
-    coalesce(sum(gap_ns) FILTER (WHERE role BETWEEN 7 AND 9), 0) AS gap_p2p_ns,
-    coalesce(sum(gap_ns) FILTER (WHERE role = 6), 0) AS gap_coll_ns,
+    coalesce(sum(dur_ns) FILTER (WHERE role = 4), 0)::BIGINT AS data_wait_ns,
+    sum(gap_ns)::BIGINT AS gap_ns,
+    coalesce(sum(gap_ns) FILTER (WHERE role BETWEEN 7 AND 9), 0)::BIGINT AS gap_p2p_ns,
+    coalesce(sum(gap_ns) FILTER (WHERE role = 6), 0)::BIGINT AS gap_coll_ns,
     min(dur_ns) FILTER (WHERE role = 7) AS send_min_ns,
     count(*) FILTER (WHERE role = 7) AS sends,
     min(dur_ns) FILTER (WHERE role = 8) AS recv_min_ns,
@@ -125,7 +133,7 @@ SELECT CAST(GROUPING(rank, step, peer) > 0 AS INT) AS gset, rank, step, peer, "g
     arg_max(rank, start_ns) AS last_rank,
     max(start_ns) AS last_issue_ns,
     min(start_ns) AS first_issue_ns,
-    sum((start_ns - {base}) / 1e6) AS issue_sum_ms,
+    sum((start_ns - base) / 1e6) AS issue_sum_ms,
     max(end_ns) AS last_end_ns
 FROM _placed
-GROUP BY GROUPING SETS ((rank, step, peer), ("group", instance, seq));
+GROUP BY GROUPING SETS ((rank, step, peer), ("group", instance, seq))

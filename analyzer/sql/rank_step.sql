@@ -1,6 +1,13 @@
--- rank_step: one row per rank and step, where the rank's time went (the base of most analyses).
--- Built from _rank_peer_step, the event pass's per (rank, step, p2p peer) rows (event_pass.py /
--- event_pass.sql: one scan of `events`; p2p_links.sql reads the same rows), joined to `steps` and `topology`.
+-- rank_step_of(steps, peer_step, first_step, residual_gaps): one row per rank and step, where the rank's
+-- time went (the base of most analyses; the run's table is `rank_step`).
+-- Built from the event pass's per (rank, step, p2p peer) rows (event_pass.sql / flat_peer_step.sql; the
+-- run's are _rank_peer_step, which p2p_links.sql reads too), joined to steps rows and `topology`. Run per
+-- batch of ranks (event_pass.py: each batch's steps and rows, appended to the run's table `rank_step`).
+--   steps VARCHAR        -- name of the steps relation (tracer.schema.STEPS; only the columns below are read)
+--   peer_step VARCHAR    -- name of the per (rank, step, peer) rows
+--   first_step BIGINT    -- only steps >= first_step (the summary cache's extension of a live run)
+--   residual_gaps BOOLEAN -- gap_s is the step time no span covers (the flat pass: traces whose spans
+--                           neither nest nor overlap, checked on a sample) instead of the timeline's gaps
 --   rank INT, step BIGINT, pp/dp/tp INT, host VARCHAR   -- who
 --   start_ns, end_ns BIGINT      -- the rank's step span (aligned clock)
 --   step_time_s DOUBLE           -- end - start of the rank's step
@@ -22,11 +29,8 @@
 --   gap_p2p_s, gap_coll_s DOUBLE -- the part of gap_s right before p2p / collective issues
 --   own_s DOUBLE                 -- time the rank itself was busy or slow: compute + data wait + gaps
 --   other_s DOUBLE               -- step time covered by no blocking span (= gap_s, kept for readers)
--- Run per batch of ranks (event_pass.batch_rank_step_sql appends each batch: its steps replace `steps`,
--- its event rows `_rank_peer_step`). Formatted: {gap} (the timeline's gaps, or for traces whose spans neither nest nor overlap - checked
--- on a sample, event_pass.py - the step time no span covers).
---   n_events BIGINT
-CREATE OR REPLACE TEMP TABLE rank_step AS
+--   n_events BIGINT              -- the rank-step's events
+CREATE OR REPLACE TEMP MACRO rank_step_of(steps, peer_step, first_step, residual_gaps) AS TABLE
 WITH _per_rank_step AS (
     SELECT rank, step,
         (sum(compute_ns) - sum(nested_ns)) / 1e9 AS compute_s, sum(forward_ns) / 1e9 AS forward_s,
@@ -35,7 +39,7 @@ WITH _per_rank_step AS (
         sum(nested_ns) / 1e9 AS nested_wait_s, sum(data_wait_ns) / 1e9 AS data_wait_s,
         sum(gap_ns) / 1e9 AS gap_s, sum(gap_p2p_ns) / 1e9 AS gap_p2p_s, sum(gap_coll_ns) / 1e9 AS gap_coll_s,
         sum(n_events) AS n_events
-    FROM _rank_peer_step
+    FROM query_table(peer_step)
     GROUP BY rank, step
 )
 SELECT s.rank, s.step, t.pp, t.dp, t.tp, t.host, s.start_ns, s.end_ns,
@@ -44,10 +48,16 @@ SELECT s.rank, s.step, t.pp, t.dp, t.tp, t.host, s.start_ns, s.end_ns,
     coalesce(e.backward_s, 0) AS backward_s, coalesce(e.optimizer_s, 0) AS optimizer_s,
     coalesce(e.recv_s, 0) AS recv_s, coalesce(e.collective_s, 0) AS collective_s,
     coalesce(e.nested_wait_s, 0) AS nested_wait_s, coalesce(e.data_wait_s, 0) AS data_wait_s,
-    {gap} AS gap_s, coalesce(e.gap_p2p_s, 0) AS gap_p2p_s, coalesce(e.gap_coll_s, 0) AS gap_coll_s,
-    greatest(coalesce(e.compute_s, 0), 0) + coalesce(e.data_wait_s, 0) + {gap} AS own_s,
-    {gap} AS other_s,
+    CASE WHEN residual_gaps THEN greatest((s.end_ns - s.start_ns) / 1e9 - coalesce(e.compute_s, 0) - coalesce(e.recv_s, 0)
+        - coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0) ELSE coalesce(e.gap_s, 0) END AS gap_s,
+    coalesce(e.gap_p2p_s, 0) AS gap_p2p_s, coalesce(e.gap_coll_s, 0) AS gap_coll_s,
+    greatest(coalesce(e.compute_s, 0), 0) + coalesce(e.data_wait_s, 0)
+        + CASE WHEN residual_gaps THEN greatest((s.end_ns - s.start_ns) / 1e9 - coalesce(e.compute_s, 0) - coalesce(e.recv_s, 0)
+        - coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0) ELSE coalesce(e.gap_s, 0) END AS own_s,
+    CASE WHEN residual_gaps THEN greatest((s.end_ns - s.start_ns) / 1e9 - coalesce(e.compute_s, 0) - coalesce(e.recv_s, 0)
+        - coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0) ELSE coalesce(e.gap_s, 0) END AS other_s,
     coalesce(e.n_events, 0) AS n_events
-FROM steps s
+FROM query_table(steps) s
 JOIN topology t USING (rank)
-LEFT JOIN _per_rank_step e USING (rank, step);
+LEFT JOIN _per_rank_step e USING (rank, step)
+WHERE s.step >= first_step

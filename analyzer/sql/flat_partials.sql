@@ -1,0 +1,31 @@
+-- flat_partials(coded, base, dp, tp, cp, renumber): the flat event pass's per collective rows of one
+-- batch (the timeline pass's gset = 1 rows, event_pass.sql): the members of one op instance that are in
+-- the batch; collectives.sql merges the batches' partials. Collectives of groups not matched across
+-- ranks (group_instance NULL) are left out.
+--   coded VARCHAR            -- name of the coded-events relation (event_pass.py: _batch_events)
+--   base BIGINT              -- the time origin, ns (event_pass.run_start_ns)
+--   dp, tp, cp, renumber     -- the layout, as group_instance.sql takes it
+--   "group" VARCHAR, instance BIGINT, seq BIGINT   -- the op instance
+--   first_step BIGINT        -- earliest step a member recorded it in
+--   op_name VARCHAR
+--   n_events BIGINT          -- members in the batch
+--   last_rank INT, last_issue_ns BIGINT   -- the member that issued last, and when
+--   first_issue_ns BIGINT
+--   issue_sum_ms DOUBLE      -- sum of (issue - base) in ms, for the mean arrival
+--   last_end_ns BIGINT
+CREATE OR REPLACE TEMP MACRO flat_partials(coded, base, dp, tp, cp, renumber) AS TABLE
+WITH _coll AS (
+    SELECT *, group_instance("group", rank, dp, tp, cp, renumber) AS instance FROM query_table(coded) WHERE role = 6
+)
+SELECT "group", instance, seq,
+    min(step) AS first_step,
+    any_value(op_name) AS op_name,
+    count(*) AS n_events,
+    arg_max(rank, start_ns) AS last_rank,
+    max(start_ns) AS last_issue_ns,
+    min(start_ns) AS first_issue_ns,
+    sum((start_ns - base) / 1e6) AS issue_sum_ms,
+    max(end_ns) AS last_end_ns
+FROM _coll
+WHERE instance IS NOT NULL
+GROUP BY "group", instance, seq

@@ -33,7 +33,7 @@ import pandas as pd
 from megascope.analyzer.episodes import runs
 from megascope.analyzer.event_pass import has_wait_spans
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
-from megascope.analyzer.layout import group_members as layout_members
+from megascope.analyzer.layout import group_members
 from megascope.analyzer.peer_stats import (
     leave_one_out_median,
     noise_sigma,
@@ -168,7 +168,7 @@ class FlapDetector:
         for (group, instance), rows in bad.groupby(["group", "instance"]):
             per_step = rows.groupby("step").agg(ratio=("ratio", "max"), value=("effective_s", "max"),
                                                 baseline=("baseline_s", "median"))
-            members = group_members(store, str(group), int(instance))
+            members = instance_members(store, str(group), int(instance))
             f = self._classify(members, per_step, n_steps, bounds, store,
                                what=f"{group} group of ranks {rank_list(members)}", group=str(group))
             if f:
@@ -211,11 +211,12 @@ class FlapDetector:
                        f"and switch port logs for link up/down events.", evidence)
 
 
-def group_members(store: Store, group: str, instance: int) -> list[int]:
-    """Global ranks of one collective group instance (the inverse of layout.instance_sql)."""
+def instance_members(store: Store, group: str, instance: int) -> list[int]:
+    """Global ranks of one collective group instance of the stored run (layout.group_members with the
+    run's sizes; the inverse of layout.instance_sql)."""
     man = store.manifest["topology"]
-    return layout_members(store.topology, int(man["dp"]), int(man["tp"]), int(man["pp"]), group, instance,
-                          cp=int(man.get("cp", 1)))
+    return group_members(store.topology, int(man["dp"]), int(man["tp"]), int(man["pp"]), group, instance,
+                         cp=int(man.get("cp", 1)))
 
 
 def _above_boundary_peaks(topology: pd.DataFrame, series: pd.DataFrame, bad: pd.DataFrame) -> pd.DataFrame:

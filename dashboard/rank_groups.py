@@ -17,7 +17,7 @@ def _with_cp(topology: pd.DataFrame) -> pd.DataFrame:
     return topology if "cp" in topology else topology.assign(cp=0)
 
 
-def group_members(topology: pd.DataFrame, rank: int, dim: str) -> list[int]:
+def group_of_rank(topology: pd.DataFrame, rank: int, dim: str) -> list[int]:
     """Ranks of `rank`'s `dim` group: those sharing its coordinates of SHARED[dim] (itself included)."""
     topology = _with_cp(topology)
     me = topology[topology["rank"] == rank]
@@ -35,7 +35,7 @@ def rank_neighbours(topology: pd.DataFrame, rank: int) -> dict[str, list[int]]:
     if me.empty:
         return {}
     dims = ("tp", "cp", "dp", "pp") if "cp" in topology and topology["cp"].max() > 0 else ("tp", "dp", "pp")
-    peers = {f"{dim} group": group_members(topology, rank, dim) for dim in dims}
+    peers = {f"{dim} group": group_of_rank(topology, rank, dim) for dim in dims}
     stage_of = topology.set_index("rank")["pp"]
     pipeline = peers["pp group"]
     stage = int(me.iloc[0]["pp"])

@@ -234,7 +234,7 @@ def test_context_parallel_import_with_meta_and_with_cp(tmp_path: Path, capsys):
 
 
 def test_context_parallel_analysis_uses_cp_groups(tmp_path: Path):
-    from megascope.analyzer.flaps import group_members
+    from megascope.analyzer.flaps import instance_members
 
     src, meta = _cp_trace(tmp_path)
     import_run("ndtimeline", [src], tmp_path / "run", meta=meta)
@@ -246,9 +246,9 @@ def test_context_parallel_analysis_uses_cp_groups(tmp_path: Path):
                               FROM collective_instances GROUP BY ALL""")
     dp_inst = inst[inst.group == "dp"]
     assert sorted(dp_inst.instance) == [0, 1] and (dp_inst.lo == 8).all() and (dp_inst.hi == 8).all()
-    assert group_members(run.store, "dp", 1) == list(range(8, 16))
+    assert instance_members(run.store, "dp", 1) == list(range(8, 16))
     # a pipeline is one (dp, cp, tp) column: rank 3 (dp 1, cp 1) pairs with rank 11
-    assert group_members(run.store, "pp", 3) == [3, 11] and group_members(run.store, "cp", 2) == [4, 5]
+    assert instance_members(run.store, "pp", 3) == [3, 11] and instance_members(run.store, "cp", 2) == [4, 5]
     p2p = run.events(steps=(3, 3)).query("kind == 'p2p'")
     assert len(p2p) and ((p2p.peer - p2p["rank"]).abs() == 8).all()
 

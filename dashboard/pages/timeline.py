@@ -7,7 +7,7 @@ import pandas as pd
 from dash import Input, Output, callback, dcc, html
 
 from megascope.analyzer import Run
-from megascope.dashboard.rank_groups import group_members, rank_label
+from megascope.dashboard.rank_groups import group_of_rank, rank_label
 from megascope.dashboard.runs import current_catalog
 from megascope.dashboard.timeline_figure import Highlight, related_events, timeline_figure
 from megascope.dashboard.widgets import notices
@@ -91,7 +91,7 @@ def render(run: Run, step: int | None, ranks: list[int], view: str, critical: bo
 def shown_ranks(topology: pd.DataFrame, ranks: list[int], view: str) -> list[int]:
     """The chosen ranks, widened to their dp/pp/tp groups when asked, at most MAX_ROWS."""
     if view in ("dp", "pp", "tp"):
-        ranks = sorted({m for r in ranks for m in group_members(topology, r, view)})
+        ranks = sorted({m for r in ranks for m in group_of_rank(topology, r, view)})
     return sorted(set(ranks))[:MAX_ROWS]
 
 

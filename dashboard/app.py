@@ -13,6 +13,7 @@ from urllib.parse import parse_qs
 import dash
 from dash import Input, Output, State, dcc, html
 
+from megascope.dashboard import ids
 from megascope.dashboard.auth import TokenAuth
 from megascope.dashboard.runs import CATALOG_KEY, RunCatalog, current_catalog
 
@@ -40,9 +41,9 @@ def create_app(paths: list[str | Path], refresh_s: float = DEFAULT_REFRESH_S, to
         app.server.wsgi_app = TokenAuth(app.server.wsgi_app, token)
     app.layout = _layout(catalog, refresh_s)
     # Registered per app (not with the global @callback) so several apps can live in one process.
-    app.callback(Output("app-interval", "disabled"), Input("app-live", "value"))(pause_refresh)
-    app.callback(Output("app-run", "value"), Input("app-url", "search"),
-                 State("app-run", "value"))(run_from_url)
+    app.callback(Output(ids.APP_INTERVAL, "disabled"), Input(ids.APP_LIVE, "value"))(pause_refresh)
+    app.callback(Output(ids.APP_RUN, "value"), Input(ids.APP_URL, "search"),
+                 State(ids.APP_RUN, "value"))(run_from_url)
     return app
 
 
@@ -57,19 +58,19 @@ def _callback_failed(error: Exception) -> None:
 def _layout(catalog: RunCatalog, refresh_s: float) -> html.Div:
     pages = sorted(dash.page_registry.values(), key=lambda p: p.get("order") or 0)
     nav = [dcc.Link(p["name"], href=p["relative_path"], className="app-nav-link",
-                    id=f"app-nav-{p['module'].rsplit('.', 1)[-1]}") for p in pages]
+                    id=ids.app_nav(p['module'].rsplit('.', 1)[-1])) for p in pages]
     header = html.Header(className="app-header", children=[
         html.Span("megascope", className="app-brand"),
         html.Nav(nav, className="app-nav"),
-        dcc.Dropdown(id="app-run", options=catalog.options(), value=0, clearable=False,
+        dcc.Dropdown(id=ids.APP_RUN, options=catalog.options(), value=0, clearable=False,
                      className="app-run", persistence=True, persistence_type="session"),
-        dcc.Checklist(id="app-live", options=[{"label": " live", "value": "live"}], value=["live"],
+        dcc.Checklist(id=ids.APP_LIVE, options=[{"label": " live", "value": "live"}], value=["live"],
                       className="app-live", inputStyle={"marginRight": "4px"}),
-        html.Span(id="app-status", className="app-status"),
+        html.Span(id=ids.APP_STATUS, className="app-status"),
     ])
     return html.Div([
-        dcc.Location(id="app-url", refresh="callback-nav"),
-        dcc.Interval(id="app-interval", interval=int(refresh_s * 1000)),
+        dcc.Location(id=ids.APP_URL, refresh="callback-nav"),
+        dcc.Interval(id=ids.APP_INTERVAL, interval=int(refresh_s * 1000)),
         header,
         html.Main(dash.page_container, className="app-main"),
     ])

@@ -13,6 +13,7 @@ from dash import html
 
 from megascope.analyzer import Run
 from megascope.analyzer.self_check_records import self_check_ranks
+from megascope.dashboard import ids
 from megascope.dashboard.widgets import data_table
 
 FAILURE_KINDS = ("dead_rank", "silent_rank", "stall")
@@ -23,7 +24,7 @@ def incidents_panel(run: Run) -> html.Div:
     """Incidents in time order, the recovery time of each restart, and each self-check's verdict."""
     incidents, recovery, checks = run.incidents(), run.recovery_times(), run.self_checks()
     if incidents.empty and not checks:
-        return html.Div(id="overview-incidents-body", children=html.P(
+        return html.Div(id=ids.OVERVIEW_INCIDENTS_BODY, children=html.P(
             "No incidents: no restart, no dead, silent or stalled rank, no self-check.", className="muted"))
     parts: list[Any] = []
     if not incidents.empty:
@@ -34,7 +35,7 @@ def incidents_panel(run: Run) -> html.Div:
                   data_table(rows.rename(columns={"recovery_s": "recovery(s)"}), "grid recovery")]
     if checks:
         parts += [html.H4("self-checks before restarts"), data_table(self_check_rows(checks), "grid self-checks")]
-    return html.Div(id="overview-incidents-body", children=parts)
+    return html.Div(id=ids.OVERVIEW_INCIDENTS_BODY, children=parts)
 
 
 def self_check_rows(records: list[dict[str, Any]]) -> pd.DataFrame:

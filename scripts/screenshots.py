@@ -17,19 +17,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the checkout's root: `tests` is not installed
 
+from megascope.dashboard import ids  # noqa: E402
 from megascope.dashboard.app import create_app  # noqa: E402
 from tests.browser import chromium_driver, serve_in_thread, wait_for  # noqa: E402
 
 # file name -> (path and query, CSS selector that is present once the page has drawn[, element to
 # scroll into view before the picture])
 PAGES: dict[str, tuple[str, ...]] = {
-    "overview": ("/", "#overview-mfu .main-svg"),
-    "heatmap": ("/heatmap?metric=compute", "#heatmap-graph .main-svg"),
-    "timeline": ("/timeline?view=pp", "#timeline-graph .main-svg"),
-    "topology": ("/topology?color=compute", "#topology-rank-details"),
-    "gpu": ("/gpu", "#gpu-graph .main-svg"),
-    "compare": ("/compare", "#compare-mfu .main-svg"),
-    "incidents": ("/", "#overview-incidents-body", "#overview-incidents"),
+    "overview": ("/", f"#{ids.OVERVIEW_MFU} .main-svg"),
+    "heatmap": ("/heatmap?metric=compute", f"#{ids.HEATMAP_GRAPH} .main-svg"),
+    "timeline": ("/timeline?view=pp", f"#{ids.TIMELINE_GRAPH} .main-svg"),
+    "topology": ("/topology?color=compute", f"#{ids.TOPOLOGY_RANK_DETAILS}"),
+    "gpu": ("/gpu", f"#{ids.GPU_GRAPH} .main-svg"),
+    "compare": ("/compare", f"#{ids.COMPARE_MFU} .main-svg"),
+    "incidents": ("/", f"#{ids.OVERVIEW_INCIDENTS_BODY}", f"#{ids.OVERVIEW_INCIDENTS}"),
 }
 DEFAULT_PAGES = ("overview", "heatmap", "timeline", "topology", "gpu", "compare")
 

@@ -14,6 +14,7 @@ analyzer = pytest.importorskip("megascope.analyzer")
 if not hasattr(analyzer, "Run"):
     pytest.skip("the analyzer facade (megascope.analyzer.Run) is not built yet", allow_module_level=True)
 
+from megascope.dashboard import ids  # noqa: E402
 from megascope.dashboard.app import create_app  # noqa: E402
 from megascope.dashboard.runs import RunCatalog, directory_signature  # noqa: E402
 from megascope.tracer.run_dir import write_manifest  # noqa: E402
@@ -47,9 +48,13 @@ def runs(tmp_path_factory, simulated_run) -> tuple[Path, Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def pages(runs):
-    """The app over the three runs, and its page modules (Dash executes them when the app is built)."""
-    app = create_app(list(runs))
+def app(runs) -> dash.Dash:
+    return create_app(list(runs))
+
+
+@pytest.fixture(scope="module")
+def pages(app):
+    """The page modules of the app over the three runs (Dash executes them when the app is built)."""
     from megascope.dashboard.pages import compare, gpu, heatmap, overview, timeline, topology
 
     with app.server.test_request_context():
@@ -223,3 +228,27 @@ def test_topology_metric_color_is_the_median_over_steps(pages):
     z, ranks = np.asarray(figure.data[0].z, dtype=float), np.asarray(figure.data[0].customdata)
     assert int(ranks.flat[np.nanargmax(z)]) == STRAGGLER
     assert "median over steps" in figure.data[0].colorbar.title.text
+
+
+def _component_ids(component) -> set[str]:
+    """The ids in a Dash component tree."""
+    if isinstance(component, (list, tuple)):
+        return set().union(*map(_component_ids, component)) if component else set()
+    if not hasattr(component, "to_plotly_json"):
+        return set()
+    own = {component.id} if getattr(component, "id", None) else set()
+    return own | _component_ids(getattr(component, "children", None))
+
+
+def test_every_component_id_comes_from_the_ids_module(app, pages):
+    """The ids of each page's layout and of every callback's inputs, states and outputs are constants of
+    dashboard/ids.py (Dash's own start with "_"), and no two constants share a value."""
+    declared = [v for k, v in vars(ids).items() if k.isupper() and isinstance(v, str)]
+    assert len(declared) == len(set(declared))
+    known = set(declared) | {ids.app_nav(name) for name in pages}
+    in_layouts = set().union(_component_ids(app.layout), *(_component_ids(page.layout()) for page in pages.values()))
+    dependencies = app.server.test_client().get("/_dash-dependencies").get_json()
+    in_callbacks = {part.split(".")[0] for d in dependencies for part in d["output"].strip(".").split("...")}
+    in_callbacks |= {x["id"] for d in dependencies for x in d["inputs"] + d["state"]}
+    assert ids.TIMELINE_GRAPH in in_callbacks and ids.OVERVIEW_MFU in in_layouts  # the walk finds them
+    assert {i for i in in_layouts | in_callbacks if not i.startswith("_")} <= known

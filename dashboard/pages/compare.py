@@ -6,6 +6,7 @@ import dash
 from dash import Input, Output, callback, dcc, html
 
 from megascope.analyzer import Run
+from megascope.dashboard import ids
 from megascope.dashboard.runs import current_catalog
 from megascope.dashboard.series_figure import comparison_figure
 from megascope.dashboard.widgets import notices
@@ -16,18 +17,18 @@ dash.register_page(__name__, path="/compare", name="Compare runs", order=5, titl
 def layout(**_query: str) -> html.Div:
     return html.Div([
         html.H2("Compare runs"),
-        html.Div(id="compare-notices"),
+        html.Div(id=ids.COMPARE_NOTICES),
         html.Div(className="row", children=[
-            html.Div(dcc.Graph(id="compare-step-time", config={"displaylogo": False}), className="panel panel-half"),
-            html.Div(dcc.Graph(id="compare-mfu", config={"displaylogo": False}), className="panel panel-half"),
+            html.Div(dcc.Graph(id=ids.COMPARE_STEP_TIME, config={"displaylogo": False}), className="panel panel-half"),
+            html.Div(dcc.Graph(id=ids.COMPARE_MFU, config={"displaylogo": False}), className="panel panel-half"),
         ]),
-        html.Div(id="compare-summary", className="panel"),
+        html.Div(id=ids.COMPARE_SUMMARY, className="panel"),
     ])
 
 
-@callback(Output("compare-step-time", "figure"), Output("compare-mfu", "figure"),
-          Output("compare-summary", "children"), Output("compare-notices", "children"),
-          Input("app-interval", "n_intervals"))
+@callback(Output(ids.COMPARE_STEP_TIME, "figure"), Output(ids.COMPARE_MFU, "figure"),
+          Output(ids.COMPARE_SUMMARY, "children"), Output(ids.COMPARE_NOTICES, "children"),
+          Input(ids.APP_INTERVAL, "n_intervals"))
 def update_comparison(_tick: int | None):
     catalog = current_catalog()
     per_step = {name: catalog.cached(i, ("mfu-per-step",), lambda run: run.mfu().per_step)
@@ -38,7 +39,7 @@ def update_comparison(_tick: int | None):
                                         "to compare runs."]
     table = html.Table([html.Tr([html.Th(h) for h in ("run", "dp x pp x tp", "steps", "mean step_time(s)",
                                                       "mean MFU(%)", "findings")])] +
-                       [html.Tr([html.Td(v) for v in row]) for row in rows], className="grid", id="compare-table")
+                       [html.Tr([html.Td(v) for v in row]) for row in rows], className="grid", id=ids.COMPARE_TABLE)
     return (comparison_figure(per_step, "step_time_s", "step_time(s)"),
             comparison_figure(per_step, "mfu", "MFU(%)"), table, notices(hint, "info"))
 

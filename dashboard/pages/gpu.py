@@ -6,6 +6,7 @@ import dash
 import pandas as pd
 from dash import Input, Output, callback, dcc, html
 
+from megascope.dashboard import ids
 from megascope.dashboard.runs import current_catalog
 from megascope.dashboard.series_figure import gpu_figure
 from megascope.dashboard.widgets import data_table
@@ -22,17 +23,17 @@ def layout(**_query: str) -> html.Div:
     return html.Div([
         html.H2("GPU health"),
         html.Div(className="controls", children=[
-            html.Label(["metric", dcc.Dropdown(id="gpu-metric", value="gpu_util", clearable=False,
+            html.Label(["metric", dcc.Dropdown(id=ids.GPU_METRIC, value="gpu_util", clearable=False,
                                                options=[{"label": v, "value": k} for k, v in GPU_METRICS.items()])]),
         ]),
-        dcc.Loading(dcc.Graph(id="gpu-graph", config={"displaylogo": False})),
+        dcc.Loading(dcc.Graph(id=ids.GPU_GRAPH, config={"displaylogo": False})),
         html.Div(className="panel", children=[html.H3("Ranks with throttling or ECC errors"),
-                                              html.Div(id="gpu-problems")]),
+                                              html.Div(id=ids.GPU_PROBLEMS)]),
     ])
 
 
-@callback(Output("gpu-graph", "figure"), Output("gpu-problems", "children"),
-          Input("gpu-metric", "value"), Input("app-run", "value"), Input("app-interval", "n_intervals"))
+@callback(Output(ids.GPU_GRAPH, "figure"), Output(ids.GPU_PROBLEMS, "children"),
+          Input(ids.GPU_METRIC, "value"), Input(ids.APP_RUN, "value"), Input(ids.APP_INTERVAL, "n_intervals"))
 def update_gpu(metric: str, run_value: int | None, _tick: int | None):
     metric = metric if metric in GPU_METRICS else "gpu_util"
     return current_catalog().cached(run_value, ("gpu", metric), lambda run: (

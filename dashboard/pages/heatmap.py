@@ -7,6 +7,7 @@ from urllib.parse import urlencode
 import dash
 from dash import Input, Output, State, callback, dcc, html
 
+from megascope.dashboard import ids
 from megascope.dashboard.heatmap_figure import GROUPINGS, METRICS, clicked_cell, heatmap_figure, ordered_rows
 from megascope.dashboard.runs import current_catalog
 
@@ -23,21 +24,21 @@ def layout(metric: str = "compute", group_by: str = "rank", **_query: str) -> ht
     return html.Div([
         html.H2("Heatmap: rank x step"),
         html.Div(className="controls", children=[
-            html.Label(["metric", dcc.Dropdown(id="heatmap-metric", value=metric, clearable=False,
+            html.Label(["metric", dcc.Dropdown(id=ids.HEATMAP_METRIC, value=metric, clearable=False,
                                                options=[{"label": v, "value": k} for k, v in METRICS.items()])]),
-            html.Label(["rows", dcc.RadioItems(id="heatmap-group", value=group_by, inline=True,
+            html.Label(["rows", dcc.RadioItems(id=ids.HEATMAP_GROUP, value=group_by, inline=True,
                                                options=[{"label": v, "value": k} for k, v in GROUPINGS.items()])]),
             html.Label(["order ranks by", dcc.RadioItems(
-                id="heatmap-order", value="rank", inline=True,
+                id=ids.HEATMAP_ORDER, value="rank", inline=True,
                 options=[{"label": v, "value": k} for k, v in _ORDERS.items()])]),
         ]),
         html.P("Click a cell to open that step in the timeline.", className="muted"),
-        dcc.Loading(dcc.Graph(id="heatmap-graph", config={"displaylogo": False})),
+        dcc.Loading(dcc.Graph(id=ids.HEATMAP_GRAPH, config={"displaylogo": False})),
     ])
 
 
-@callback(Output("heatmap-graph", "figure"), Input("heatmap-metric", "value"), Input("heatmap-group", "value"),
-          Input("heatmap-order", "value"), Input("app-run", "value"), Input("app-interval", "n_intervals"))
+@callback(Output(ids.HEATMAP_GRAPH, "figure"), Input(ids.HEATMAP_METRIC, "value"), Input(ids.HEATMAP_GROUP, "value"),
+          Input(ids.HEATMAP_ORDER, "value"), Input(ids.APP_RUN, "value"), Input(ids.APP_INTERVAL, "n_intervals"))
 def update_heatmap(metric: str, group_by: str, order: str, run_value: int | None, _tick: int | None):
     metric = metric if metric in METRICS else "compute"
     group_by = group_by if group_by in GROUPINGS else "rank"
@@ -47,8 +48,8 @@ def update_heatmap(metric: str, group_by: str, order: str, run_value: int | None
                      run.topology, order if group_by == "rank" else "rank"), metric, group_by))
 
 
-@callback(Output("app-url", "href", allow_duplicate=True), Input("heatmap-graph", "clickData"),
-          State("heatmap-group", "value"), State("app-run", "value"), prevent_initial_call=True)
+@callback(Output(ids.APP_URL, "href", allow_duplicate=True), Input(ids.HEATMAP_GRAPH, "clickData"),
+          State(ids.HEATMAP_GROUP, "value"), State(ids.APP_RUN, "value"), prevent_initial_call=True)
 def open_in_timeline(click_data: dict | None, group_by: str | None, run_value: int | None):
     """A clicked cell -> the timeline at that step (and that rank, with its pipeline group)."""
     cell = clicked_cell(click_data, group_by or "rank")

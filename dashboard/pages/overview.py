@@ -11,6 +11,7 @@ from dash import Input, Output, callback, dcc, html
 
 from megascope.analyzer import Finding, Run
 from megascope.analyzer.watch_live import LiveFinding
+from megascope.dashboard import ids
 from megascope.dashboard.incidents_view import incidents_panel
 from megascope.dashboard.run_gaps import describe_gaps
 from megascope.dashboard.runs import current_catalog
@@ -31,26 +32,26 @@ _FINDING_VIEWS = {
 def layout(**_query: str) -> html.Div:
     return html.Div([
         html.H2("Overview"),
-        html.Div(id="overview-notices"),
+        html.Div(id=ids.OVERVIEW_NOTICES),
         html.Div(className="row", children=[
-            html.Div(id="overview-summary", className="panel panel-narrow"),
+            html.Div(id=ids.OVERVIEW_SUMMARY, className="panel panel-narrow"),
             html.Div(className="panel panel-wide", children=[
                 html.H3("MFU and step time"),
-                dcc.Graph(id="overview-mfu", config={"displaylogo": False}),
+                dcc.Graph(id=ids.OVERVIEW_MFU, config={"displaylogo": False}),
             ]),
         ]),
         html.Div(className="panel", children=[html.H3("Live findings (megascope watch)"),
-                                              html.Div(id="overview-live")]),
-        html.Div(className="panel", children=[html.H3("Findings"), html.Div(id="overview-findings")]),
+                                              html.Div(id=ids.OVERVIEW_LIVE)]),
+        html.Div(className="panel", children=[html.H3("Findings"), html.Div(id=ids.OVERVIEW_FINDINGS)]),
         html.Div(className="panel", children=[html.H3("Incidents, restarts and self-checks"),
-                                              html.Div(id="overview-incidents")]),
+                                              html.Div(id=ids.OVERVIEW_INCIDENTS)]),
     ])
 
 
-@callback(Output("overview-notices", "children"), Output("overview-summary", "children"),
-          Output("overview-mfu", "figure"), Output("overview-findings", "children"),
-          Output("overview-incidents", "children"),
-          Input("app-run", "value"), Input("app-interval", "n_intervals"))
+@callback(Output(ids.OVERVIEW_NOTICES, "children"), Output(ids.OVERVIEW_SUMMARY, "children"),
+          Output(ids.OVERVIEW_MFU, "figure"), Output(ids.OVERVIEW_FINDINGS, "children"),
+          Output(ids.OVERVIEW_INCIDENTS, "children"),
+          Input(ids.APP_RUN, "value"), Input(ids.APP_INTERVAL, "n_intervals"))
 def refresh(run_value: int | None, _tick: int | None):
     catalog = current_catalog()
     index = catalog.index(run_value)
@@ -59,7 +60,7 @@ def refresh(run_value: int | None, _tick: int | None):
         findings_table(run.findings(), index), incidents_panel(run)))
 
 
-@callback(Output("overview-live", "children"), Input("app-run", "value"), Input("app-interval", "n_intervals"))
+@callback(Output(ids.OVERVIEW_LIVE, "children"), Input(ids.APP_RUN, "value"), Input(ids.APP_INTERVAL, "n_intervals"))
 def refresh_live(run_value: int | None, _tick: int | None):
     """Read anew on every refresh, not memoized with the rest: the watcher appends to findings.jsonl
     after the run's last segment (its final verdict), which the catalog's directory signature does not
@@ -97,7 +98,7 @@ def findings_table(findings: list[Finding], run_index: int) -> html.Div:
                      html.Td(f.summary), html.Td(dcc.Link("show", href=finding_href(f, run_index)))],
                     className=f"finding finding-{f.kind}")
             for f in findings]
-    return html.Table([html.Thead(head), html.Tbody(rows)], className="grid findings", id="overview-findings-table")
+    return html.Table([html.Thead(head), html.Tbody(rows)], className="grid findings", id=ids.OVERVIEW_FINDINGS_TABLE)
 
 
 def live_table(rows: list[LiveFinding], run_index: int) -> html.Div:
@@ -116,7 +117,7 @@ def live_table(rows: list[LiveFinding], run_index: int) -> html.Div:
                               dcc.Link("timeline", href=timeline_href(r.finding, run_index))])],
                     className=f"finding finding-{r.finding.kind} live-{r.state}")
             for r in sorted(rows, key=lambda r: (r.state != "open", -r.seen_at))]
-    return html.Table([html.Thead(head), html.Tbody(body)], className="grid findings", id="overview-live-table")
+    return html.Table([html.Thead(head), html.Tbody(body)], className="grid findings", id=ids.OVERVIEW_LIVE_TABLE)
 
 
 def _page_of(finding: Finding) -> str:

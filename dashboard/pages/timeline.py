@@ -7,6 +7,7 @@ import pandas as pd
 from dash import Input, Output, callback, dcc, html
 
 from megascope.analyzer import Run
+from megascope.dashboard import ids
 from megascope.dashboard.rank_groups import group_of_rank, rank_label
 from megascope.dashboard.runs import current_catalog
 from megascope.dashboard.timeline_figure import Highlight, related_events, timeline_figure
@@ -23,30 +24,31 @@ def layout(step: str | None = None, ranks: str | None = None, view: str = "pp", 
     return html.Div([
         html.H2("Timeline"),
         html.Div(className="controls", children=[
-            html.Label(["step", dcc.Input(id="timeline-step", type="number", min=0, step=1,
+            html.Label(["step", dcc.Input(id=ids.TIMELINE_STEP, type="number", min=0, step=1,
                                           value=_int_or_none(step), debounce=True)]),
             # options start with the linked ranks so the value survives until rank_options fills them in
-            html.Label(["ranks", dcc.Dropdown(id="timeline-ranks", multi=True, value=_ranks(ranks),
+            html.Label(["ranks", dcc.Dropdown(id=ids.TIMELINE_RANKS, multi=True, value=_ranks(ranks),
                                               options=[{"label": f"rank {r}", "value": r} for r in _ranks(ranks)],
                                               placeholder="rank 0")]),
-            html.Label(["show", dcc.RadioItems(id="timeline-view", value=view if view in _VIEWS else "pp", inline=True,
+            html.Label(["show", dcc.RadioItems(id=ids.TIMELINE_VIEW, value=view if view in _VIEWS else "pp",
+                                               inline=True,
                                                options=[{"label": v, "value": k} for k, v in _VIEWS.items()])]),
-            dcc.Checklist(id="timeline-critical", options=[{"label": " critical path", "value": "on"}], value=[]),
+            dcc.Checklist(id=ids.TIMELINE_CRITICAL, options=[{"label": " critical path", "value": "on"}], value=[]),
         ]),
-        html.Div(id="timeline-notices"),
-        dcc.Store(id="timeline-selected"),
-        dcc.Loading(dcc.Graph(id="timeline-graph", config={"displaylogo": False})),
-        html.Div(id="timeline-details", className="panel"),
+        html.Div(id=ids.TIMELINE_NOTICES),
+        dcc.Store(id=ids.TIMELINE_SELECTED),
+        dcc.Loading(dcc.Graph(id=ids.TIMELINE_GRAPH, config={"displaylogo": False})),
+        html.Div(id=ids.TIMELINE_DETAILS, className="panel"),
     ])
 
 
-@callback(Output("timeline-ranks", "options"), Input("app-run", "value"))
+@callback(Output(ids.TIMELINE_RANKS, "options"), Input(ids.APP_RUN, "value"))
 def rank_options(run_value: int | None):
     topology = current_catalog().cached(run_value, ("topology",), lambda run: run.topology)
     return [{"label": rank_label(topology, int(r)), "value": int(r)} for r in topology["rank"]]
 
 
-@callback(Output("timeline-selected", "data"), Input("timeline-graph", "clickData"), prevent_initial_call=True)
+@callback(Output(ids.TIMELINE_SELECTED, "data"), Input(ids.TIMELINE_GRAPH, "clickData"), prevent_initial_call=True)
 def select_event(click_data: dict | None):
     """Remember the clicked event (customdata of bars is the event id; -1 marks gaps)."""
     try:
@@ -56,11 +58,11 @@ def select_event(click_data: dict | None):
     return event_id if event_id >= 0 else None
 
 
-@callback(Output("timeline-graph", "figure"), Output("timeline-details", "children"),
-          Output("timeline-notices", "children"),
-          Input("timeline-step", "value"), Input("timeline-ranks", "value"), Input("timeline-view", "value"),
-          Input("timeline-critical", "value"), Input("timeline-selected", "data"),
-          Input("app-run", "value"), Input("app-interval", "n_intervals"))
+@callback(Output(ids.TIMELINE_GRAPH, "figure"), Output(ids.TIMELINE_DETAILS, "children"),
+          Output(ids.TIMELINE_NOTICES, "children"),
+          Input(ids.TIMELINE_STEP, "value"), Input(ids.TIMELINE_RANKS, "value"), Input(ids.TIMELINE_VIEW, "value"),
+          Input(ids.TIMELINE_CRITICAL, "value"), Input(ids.TIMELINE_SELECTED, "data"),
+          Input(ids.APP_RUN, "value"), Input(ids.APP_INTERVAL, "n_intervals"))
 def update_timeline(step, ranks, view, critical, selected, run_value, _tick):
     key = ("timeline", step, tuple(ranks or ()), view, bool(critical), selected)
     return current_catalog().cached(run_value, key, lambda run: render(
@@ -112,7 +114,7 @@ def selection_details(events: pd.DataFrame, deps: pd.DataFrame, highlight: Highl
         return [html.Li(f"{describe(int(r[other]))} [{r['kind']}, wait {1e3 * r['wait_s']:.3f} ms]")
                 for _, r in rows.iterrows() if int(r[other]) in by_id.index]
 
-    return html.Div(id="timeline-selection", children=[
+    return html.Div(id=ids.TIMELINE_SELECTION, children=[
         html.H3(f"Selected: {describe(highlight.selected)}"),
         html.H4("waited on"),
         html.Ul(edges("dst_event_id", "src_event_id", highlight.waited_on) or [html.Li("nothing")]),

@@ -10,6 +10,7 @@ import pandas as pd
 from dash import Input, Output, State, callback, dcc, html
 
 from megascope.analyzer import Run
+from megascope.dashboard import ids
 from megascope.dashboard.heatmap_figure import METRICS, leading_int
 from megascope.dashboard.incidents_view import flagged_ranks
 from megascope.dashboard.rank_groups import rank_label, rank_neighbours
@@ -28,17 +29,17 @@ def layout(color: str = "step_time", ranks: str | None = None, **_query: str) ->
         html.H2("Topology: pipeline stages x data-parallel replicas x tensor-parallel ranks"),
         html.Div(className="controls", children=[
             html.Label(["color by", dcc.Dropdown(
-                id="topology-color", value=color if color in _COLORS else "step_time", clearable=False,
+                id=ids.TOPOLOGY_COLOR, value=color if color in _COLORS else "step_time", clearable=False,
                 options=[{"label": v, "value": k} for k, v in _COLORS.items()])]),
         ]),
-        html.Div(id="topology-hang"),
-        dcc.Store(id="topology-rank", data=first if first >= 0 else None),
-        dcc.Loading(dcc.Graph(id="topology-graph", config={"displaylogo": False})),
-        html.Div(id="topology-details", className="panel"),
+        html.Div(id=ids.TOPOLOGY_HANG),
+        dcc.Store(id=ids.TOPOLOGY_RANK, data=first if first >= 0 else None),
+        dcc.Loading(dcc.Graph(id=ids.TOPOLOGY_GRAPH, config={"displaylogo": False})),
+        html.Div(id=ids.TOPOLOGY_DETAILS, className="panel"),
     ])
 
 
-@callback(Output("topology-rank", "data"), Input("topology-graph", "clickData"), State("app-run", "value"),
+@callback(Output(ids.TOPOLOGY_RANK, "data"), Input(ids.TOPOLOGY_GRAPH, "clickData"), State(ids.APP_RUN, "value"),
           prevent_initial_call=True)
 def select_rank(click_data: dict | None, run_value: int | None):
     topology = current_catalog().cached(run_value, ("topology",), lambda run: run.topology)
@@ -46,17 +47,17 @@ def select_rank(click_data: dict | None, run_value: int | None):
     return dash.no_update if rank is None else rank
 
 
-@callback(Output("topology-graph", "figure"), Output("topology-hang", "children"),
-          Input("topology-color", "value"), Input("topology-rank", "data"),
-          Input("app-run", "value"), Input("app-interval", "n_intervals"))
+@callback(Output(ids.TOPOLOGY_GRAPH, "figure"), Output(ids.TOPOLOGY_HANG, "children"),
+          Input(ids.TOPOLOGY_COLOR, "value"), Input(ids.TOPOLOGY_RANK, "data"),
+          Input(ids.APP_RUN, "value"), Input(ids.APP_INTERVAL, "n_intervals"))
 def update_grid(color: str, selected: int | None, run_value: int | None, _tick: int | None):
     color = color if color in _COLORS else "step_time"
     return current_catalog().cached(run_value, ("topology-grid", color, selected),
                                     lambda run: render_grid(run, color, selected))
 
 
-@callback(Output("topology-details", "children"), Input("topology-rank", "data"),
-          Input("app-run", "value"), Input("app-interval", "n_intervals"))
+@callback(Output(ids.TOPOLOGY_DETAILS, "children"), Input(ids.TOPOLOGY_RANK, "data"),
+          Input(ids.APP_RUN, "value"), Input(ids.APP_INTERVAL, "n_intervals"))
 def update_details(selected: int | None, run_value: int | None, _tick: int | None):
     if selected is None:
         return html.P("Click a rank to see its position, data flow, peers, in-flight record and errors.",
@@ -112,7 +113,7 @@ def rank_details(run: Run, rank: int) -> html.Div:
         position.insert(3, ("context-parallel rank (cp)", row["cp"]))
     flow = [(k, v or "none") for k, v in rank_neighbours(topo, rank).items()]
     flow.append(("gradients", "flow backward: from the next stage to the previous one"))
-    return html.Div(id="topology-rank-details", children=[
+    return html.Div(id=ids.TOPOLOGY_RANK_DETAILS, children=[
         html.H3(f"{rank_label(topo, rank)}"),
         html.Div(className="row", children=[
             html.Div([html.H4("position"), key_values(position)], className="panel-narrow"),

@@ -32,7 +32,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megascope import tracer  # noqa: E402
-from megascope.tracer import comm_trace  # noqa: E402
+from megascope.tracer import comm_spans  # noqa: E402
 from megascope.trainer.config import JobConfig, TraceConfig, apply_overrides, micro_batches, validate  # noqa: E402
 from megascope.trainer.faults import Faults  # noqa: E402
 from megascope.trainer.parallel_dims import ParallelDims  # noqa: E402
@@ -182,9 +182,9 @@ def microbench_comm(blocking: bool, n: int = 20_000) -> float:
     work = _PendingWork() if blocking else _DoneWork()
     start = time.perf_counter_ns()
     for _ in range(n):
-        op = comm_trace.begin("grad_reduce_scatter", "collective", "dp", None, "dp", 64, buf,
+        op = comm_spans.begin("grad_reduce_scatter", "collective", "dp", None, "dp", 64, buf,
                               issue_ns=t.now_ns())
-        comm_trace.finish([op], work, False).wait()
+        comm_spans.finish([op], work, False).wait()
     elapsed = time.perf_counter_ns() - start
     tracer.deactivate()
     t.close()

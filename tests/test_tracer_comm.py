@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from megascope import tracer
-from megascope.tracer import comm_trace
+from megascope.tracer import comm_spans
 from megascope.tracer.completion import CompletionTracker
 from megascope.tracer.config import TraceConfig
 
@@ -48,8 +48,8 @@ def active():
 
 def _issue(t: tracer.Tracer, work: FakeWork, name: str = "grad_reduce_scatter", has_completion: bool = True):
     issue_ns = t.now_ns()
-    op = comm_trace.begin(name, "collective", "dp", None, "dp", 64, torch.empty(16), issue_ns=issue_ns)
-    return comm_trace.finish([op], work, on_gpu=False, has_completion=has_completion)
+    op = comm_spans.begin(name, "collective", "dp", None, "dp", 64, torch.empty(16), issue_ns=issue_ns)
+    return comm_spans.finish([op], work, on_gpu=False, has_completion=has_completion)
 
 
 def _rows(t: tracer.Tracer, sink: tracer.MemorySink) -> list[dict]:
@@ -103,10 +103,10 @@ def test_issue_precedes_start_of_an_async_op(active):
     t, sink = active
     work = FakeWork()
     issue_ns = t.now_ns()
-    op = comm_trace.begin("param_all_gather", "collective", "dp", None, "dp", 64, torch.empty(16),
+    op = comm_spans.begin("param_all_gather", "collective", "dp", None, "dp", 64, torch.empty(16),
                           issue_ns=issue_ns)
     time.sleep(0.01)  # the backend call taking host time before the op is enqueued
-    traced = comm_trace.finish([op], work, on_gpu=False)
+    traced = comm_spans.finish([op], work, on_gpu=False)
     work.complete()
     traced.wait()
     row = _rows(t, sink)[0]

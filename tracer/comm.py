@@ -12,7 +12,7 @@ recorded with its kind, group name, bytes, peer and a sequence number
 `name=` / `names=` label ops (default all_reduce, reduce_scatter, all_gather, broadcast, send, recv).
 `members` (global ranks of the group) is optional and only used in hang records; without it they are
 looked up from the group when a hang is written. Async ops return a work whose completion ends the span
-(see comm_trace for what issue/start/end mean and the `<op>.wait` spans).
+(see comm_spans for what issue/start/end mean and the `<op>.wait` spans).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch.distributed import ReduceOp
 
 from megascope.tracer import api
-from megascope.tracer.comm_trace import abort, finish, tensor_bytes
+from megascope.tracer.comm_spans import abort, finish, tensor_bytes
 
 _monotonic_ns = time.monotonic_ns  # hot path: tracer.now_ns() inlined as _monotonic_ns() + clock.shift_ns
 

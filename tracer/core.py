@@ -167,7 +167,7 @@ class Tracer:
                    peer: int, nbytes: int, members: list[int] | None, on_gpu: bool,
                    issue_ns: int | None = None) -> CommOp | None:
         """Register an op about to be issued: sequence number, in-flight entry, issue and start time
-        (start = issue on CPU until comm_trace.finish moves it to when an async call returned)."""
+        (start = issue on CPU until comm_spans.finish moves it to when an async call returned)."""
         try:
             if self.pending_works:  # observe earlier async ops' completion first (they precede this)
                 self.completion.sweep()

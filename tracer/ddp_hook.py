@@ -3,7 +3,7 @@
 DistributedDataParallel's reducer issues its bucket all-reduces from C++, below anything Python can
 intercept; a communication hook is the one place DDP hands each bucket to Python. This one does what
 DDP's default `allreduce_hook` does (divide by the group size, async all-reduce, return the reduced
-bucket through the future) and records the op as the comm layer records its own (tracer/comm_trace.py):
+bucket through the future) and records the op as the comm layer records its own (tracer/comm_spans.py):
 name `grad_all_reduce` (the trainer's name for its gradient all-reduce), kind collective, the group
 named from the layout (dp for a plain DDP job), a seq shared with every other op of that group, the
 bucket's bytes, and:
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from megascope.tracer import api, comm_trace
+from megascope.tracer import api, comm_spans
 from megascope.tracer.attach_topology import AttachLayout
 
 log = logging.getLogger("megascope.tracer")
@@ -59,12 +59,12 @@ def traced_allreduce_hook(state, bucket):  # noqa: ANN001, ANN201 (see the docst
     issue_ns = _monotonic_ns() + tracer.clock.shift_ns
     on_gpu = tensor.is_cuda
     op = tracer.begin_comm(GRAD_ALL_REDUCE, "collective", state.group_name, group,
-                           state.group_name or ("pg", id(group)), -1, comm_trace.tensor_bytes(tensor),
+                           state.group_name or ("pg", id(group)), -1, comm_spans.tensor_bytes(tensor),
                            state.members, on_gpu, issue_ns)
     try:
         work = dist.all_reduce(tensor, group=group, async_op=True)
     except BaseException:
-        comm_trace.abort([op])
+        comm_spans.abort([op])
         raise
     if op is None:
         return work.get_future().then(_reduced)

@@ -9,7 +9,7 @@ torchtitan, torch.distributed.pipelining, a user's own all_reduce), without wrap
     all_gather_single, all_to_all_single, send, recv, isend, irecv, batch_isend_irecv
 
 (FSDP2 in torch 2.13 calls all_gather_single and reduce_scatter_single.) Each call is recorded as
-the comm layer records its own ops (tracer/comm_trace.py: issue, start, end, async completion, the
+the comm layer records its own ops (tracer/comm_spans.py: issue, start, end, async completion, the
 `.wait` span), with the group named by matching the process group's ranks to the layout's dp, tp,
 pp, cp or world group (p2p: the group the two ranks share), a seq per group name, the peer's global
 rank and the bytes (NCCL-tests convention, as comm.py). Async calls return a `torch.distributed.Work`
@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-from megascope.tracer import api, comm_trace
+from megascope.tracer import api, comm_spans
 from megascope.tracer.attach_topology import AttachLayout
 
 log = logging.getLogger("megascope.tracer")
@@ -105,7 +105,7 @@ class TracedFunction:
 
 
 class TracedDistWork(dist.Work):
-    """A comm_trace.TracedWork that is also a torch.distributed.Work."""
+    """A comm_spans.TracedWork that is also a torch.distributed.Work."""
 
     def __init__(self, traced: Any) -> None:
         super().__init__()
@@ -137,7 +137,7 @@ class TracedDistWork(dist.Work):
 
 
 def _as_work(result: Any) -> Any:
-    return TracedDistWork(result) if isinstance(result, comm_trace.TracedWork) else result
+    return TracedDistWork(result) if isinstance(result, comm_spans.TracedWork) else result
 
 
 def _binder(original: Callable) -> Callable[[tuple, dict, str, Any], Any]:
@@ -224,7 +224,7 @@ class DistInterceptor:
             if len(members) > 1:
                 tensor = get(args, kwargs, tensor_arg)
                 op = tracer.begin_comm(name, "collective", gname, group, gname or ("pg", id(group)), -1,
-                                       comm_trace.tensor_bytes(tensor), members, tensor.is_cuda, issue_ns)
+                                       comm_spans.tensor_bytes(tensor), members, tensor.is_cuda, issue_ns)
         except Exception as exc:
             tracer._failed(f"intercepting {name}", exc)
         return _run_traced(op, original, args, kwargs, async_op, tensor)
@@ -244,7 +244,7 @@ class DistInterceptor:
                    issue_ns: int) -> Any:
         gname = self.layout.p2p_group(self.rank, peer)
         seq_key = (gname or ("pg", id(group)), direction, peer)
-        return tracer.begin_comm(direction, "p2p", gname, group, seq_key, peer, comm_trace.tensor_bytes(tensor),
+        return tracer.begin_comm(direction, "p2p", gname, group, seq_key, peer, comm_spans.tensor_bytes(tensor),
                                  None, tensor.is_cuda, issue_ns)
 
     def _p2p(self, original: Callable, args: tuple, kwargs: dict, get: Callable, direction: str,
@@ -276,21 +276,21 @@ class DistInterceptor:
                 traced.append(self._begin_p2p(tracer, direction, p2p.tensor, int(p2p.peer), p2p.group, issue_ns))
         except Exception as exc:
             tracer._failed("intercepting batch_isend_irecv", exc)
-            comm_trace.abort(traced)
+            comm_spans.abort(traced)
             return original(*args, **kwargs)
         try:
             works = original(*args, **kwargs)
         except BaseException:
-            comm_trace.abort(traced)
+            comm_spans.abort(traced)
             raise
         if not ops:
             return works
         on_gpu = ops[0].tensor.is_cuda
         if len(works) == len(ops):  # gloo: one work per op
-            return [_as_work(comm_trace.finish([op], work, on_gpu, has_completion=False))
+            return [_as_work(comm_spans.finish([op], work, on_gpu, has_completion=False))
                     for op, work in zip(traced, works)]
         # coalesced (NCCL): every op completes with the batch, so each returned work ends all of them
-        return [_as_work(comm_trace.finish(traced, work, on_gpu, has_completion=False)) for work in works]
+        return [_as_work(comm_spans.finish(traced, work, on_gpu, has_completion=False)) for work in works]
 
 
 def _run_traced(op: Any, original: Callable, args: tuple, kwargs: dict, is_async: bool,
@@ -302,9 +302,9 @@ def _run_traced(op: Any, original: Callable, args: tuple, kwargs: dict, is_async
     try:
         result = original(*args, **kwargs)
     except BaseException:
-        comm_trace.abort([op])
+        comm_spans.abort([op])
         raise
     if not is_async:
-        comm_trace.finish([op], None, tensor.is_cuda)
+        comm_spans.finish([op], None, tensor.is_cuda)
         return result
-    return _as_work(comm_trace.finish([op], result, tensor.is_cuda, has_completion=has_completion))
+    return _as_work(comm_spans.finish([op], result, tensor.is_cuda, has_completion=has_completion))

@@ -27,7 +27,6 @@ from torch import nn
 from megascope.tracer import comm
 from megascope.trainer.model import GPT
 from megascope.trainer.parallel_dims import ParallelDims
-from megascope.trainer.tp_comm import all_gather_along
 from megascope.trainer.tp_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -36,6 +35,7 @@ from megascope.trainer.tp_layers import (
     VocabParallelEmbedding,
     _replicated,
 )
+from megascope.trainer.tp_mappings import all_gather_along
 
 
 def apply_tp(model: GPT, dims: ParallelDims, sequence_parallel: bool) -> None:

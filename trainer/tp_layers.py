@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed import ReduceOp
 
-from megascope.trainer import tp_comm
+from megascope.trainer import tp_mappings
 from megascope.trainer.model import PositionEmbedding
 
 
@@ -62,8 +62,8 @@ class ColumnParallelLinear(_ParallelLinear):
 
     def _enter(self, x: torch.Tensor) -> torch.Tensor:
         if self.sequence_parallel:
-            return tp_comm.gather_sequence(x, self.group)
-        return tp_comm.copy_to_tp(x, self.group)
+            return tp_mappings.gather_sequence(x, self.group)
+        return tp_mappings.copy_to_tp(x, self.group)
 
     def forward_without_bias(self, x: torch.Tensor) -> torch.Tensor:
         """For a fused bias+activation after the matmul."""
@@ -89,9 +89,9 @@ class RowParallelLinear(_ParallelLinear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         partial = F.linear(x, self.weight)
         if self.sequence_parallel:
-            out = tp_comm.reduce_scatter_sequence(partial, self.group)
+            out = tp_mappings.reduce_scatter_sequence(partial, self.group)
         else:
-            out = tp_comm.reduce_from_tp(partial, self.group)
+            out = tp_mappings.reduce_from_tp(partial, self.group)
         return out + self.bias if self.bias is not None else out
 
 
@@ -112,8 +112,8 @@ class VocabParallelEmbedding(nn.Module):
         partial = F.embedding(local.masked_fill(foreign, 0), self.weight)
         partial = partial.masked_fill(foreign.unsqueeze(-1), 0.0)
         if self.sequence_parallel:
-            return tp_comm.reduce_scatter_sequence(partial, self.group)
-        return tp_comm.reduce_from_tp(partial, self.group)
+            return tp_mappings.reduce_scatter_sequence(partial, self.group)
+        return tp_mappings.reduce_from_tp(partial, self.group)
 
 
 class SequenceParallelPositions(PositionEmbedding):
@@ -136,15 +136,15 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, group: object) -> torch.Tensor:
         vocab_local = logits.shape[-1]
         start = dist.get_rank(group) * vocab_local
-        row_max = tp_comm.all_reduce_tp(logits.max(dim=-1).values, group, "ce_all_reduce_max", ReduceOp.MAX)
+        row_max = tp_mappings.all_reduce_tp(logits.max(dim=-1).values, group, "ce_all_reduce_max", ReduceOp.MAX)
         shifted = logits - row_max.unsqueeze(-1)
         local_target = targets - start
         owned = (local_target >= 0) & (local_target < vocab_local)
         local_target = local_target.masked_fill(~owned, 0)
         target_logit = shifted.gather(-1, local_target.unsqueeze(-1)).squeeze(-1) * owned
-        target_logit = tp_comm.all_reduce_tp(target_logit, group, "ce_all_reduce_target")
+        target_logit = tp_mappings.all_reduce_tp(target_logit, group, "ce_all_reduce_target")
         exp = shifted.exp()
-        sum_exp = tp_comm.all_reduce_tp(exp.sum(dim=-1), group, "ce_all_reduce_sum_exp")
+        sum_exp = tp_mappings.all_reduce_tp(exp.sum(dim=-1), group, "ce_all_reduce_sum_exp")
         ctx.save_for_backward(exp / sum_exp.unsqueeze(-1), owned, local_target)
         return sum_exp.log() - target_logit
 

@@ -1,4 +1,5 @@
-"""Tracing glue for the comm wrappers: begin an op, end it on return or on its work's completion.
+"""How one comm op becomes a span (an events row): begin it, end it on return or on its work's
+completion. The comm layer (comm.py), the torch.distributed interception and the DDP hook all record ops here.
 
 Times of one op (events columns):
     issue_ns  host time the wrapper was asked for the op, before any bookkeeping or backend call

@@ -14,7 +14,7 @@ SEVERITY_ORDER: dict[str, int] = {kind: i for i, kind in enumerate(KINDS)}
 """Kind -> its place in KINDS (the sort key of `Run.findings`)."""
 
 MIN_LATENESS_S = 1e-4
-"""Seconds: the last member of a collective counts as late (sql/arrivals.sql, `$min_lateness_s`) when it
+"""Seconds: the last member of a collective counts as late (sql/arrivals.sql, `min_lateness_s`) when it
 arrived more than this after the members' mean arrival; below it is timer resolution and noise."""
 
 

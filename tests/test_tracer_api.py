@@ -68,6 +68,55 @@ def test_span_records_even_when_the_body_raises():
     assert sink.table("events").num_rows == 1
 
 
+def _threads() -> set[str]:
+    import threading
+
+    return {th.name for th in threading.enumerate()}
+
+
+def test_trace_block_closes_and_flushes_even_when_the_body_raises():
+    """`with tracer.trace(...) as t` (as torch.profiler.profile): t is the active Tracer inside; on the
+    way out, by an exception too, it is deactivated and closed (threads stopped, buffered rows written),
+    and the exception goes on."""
+    before = _threads()
+    sink = tracer.MemorySink()
+    with pytest.raises(KeyError, match="boom"):
+        with tracer.trace(None, 3, TraceConfig(nvml=False, flush_interval_s=3600), sink=sink) as t:
+            assert isinstance(t, tracer.Tracer) and tracer.active() is t
+            assert _threads() > before  # flusher, watchdog, completion sweeper
+            tracer.set_step(0)
+            with tracer.span("forward"):
+                pass
+            tracer.record_step(tokens=8)
+            assert sink.batches == {}  # still buffered: the exit writes it
+            raise KeyError("boom")
+    assert tracer.active() is None
+    assert sink.table("events").column("name").to_pylist() == ["forward"]
+    assert sink.table("steps").column("tokens").to_pylist() == [8]
+    assert _threads() == before
+
+
+def test_trace_writes_the_run_directory_and_gives_the_slot_back(tmp_path):
+    outer, _ = make()
+    session = tracer.trace(tmp_path / "run", 0, TraceConfig(nvml=False))
+    t = session.start()
+    assert tracer.active() is t is session.tracer and t is not outer
+    with pytest.raises(RuntimeError, match="already started"):
+        session.start()
+    tracer.set_step(0)
+    with tracer.span("forward"):
+        pass
+    tracer.record_step(tokens=4)
+    session.stop()
+    session.stop()  # idempotent
+    assert tracer.active() is outer  # the tracer active before the block
+    assert [p.parent.name for p in (tmp_path / "run").glob("*/rank=*/seg-*.parquet")] == ["rank=00000"] * 2
+    with tracer.trace(tmp_path / "again", 0, TraceConfig(nvml=False)) as t:
+        tracer.set_step(0)
+    assert t.stats()["internal_errors"] == 0 and tracer.active() is outer
+    outer.close()
+
+
 def test_no_active_tracer_is_a_noop():
     with tracer.span("forward"):
         pass

@@ -1,12 +1,10 @@
 """megascope.tracer: always-on, low-overhead tracing of a training job into a run directory.
 
     from megascope import tracer
-    t = tracer.Tracer(run_dir, rank, cfg.trace, device)
-    tracer.activate(t)
-    tracer.set_step(step); tracer.set_microbatch(mb, chunk)
-    with tracer.span("forward"): ...
-    tracer.record_step(tokens=..., loss=...)
-    tracer.deactivate(); t.close()
+    with tracer.trace(run_dir, rank, cfg.trace, device) as t:   # = Tracer(...) + activate; close on exit
+        tracer.set_step(step); tracer.set_microbatch(mb, chunk)
+        with tracer.span("forward"): ...
+        tracer.record_step(tokens=..., loss=...)
 
 or, for a job megascope did not write (DDP, FSDP2, a plain loop):
 
@@ -25,7 +23,7 @@ from typing import Any
 # run_dir and should not pay for torch, which the recording side needs.
 _EXPORTS = {
     "activate": "api", "active": "api", "deactivate": "api", "now_ns": "api", "record_step": "api",
-    "set_microbatch": "api", "set_step": "api", "span": "api",
+    "set_microbatch": "api", "set_step": "api", "span": "api", "trace": "api",
     "attach": "attachment", "Attachment": "attachment",
     "HostClock": "clock", "ClockSyncResult": "clock_sync", "Tracer": "core",
     "LEVELS": "schedule", "every_n_steps": "schedule",

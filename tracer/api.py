@@ -1,10 +1,9 @@
 """The tracing API used by training code: one active tracer per process, ambient step, spans.
 
-    t = Tracer(run_dir, rank, cfg, device); activate(t)
-    set_step(step); set_microbatch(mb, chunk)
-    with span("forward"): ...            or    @span("optimizer", kind="host")
-    record_step(tokens=..., loss=...)
-    deactivate(); t.close()
+    with trace(run_dir, rank, cfg, device) as t:      # or: t = Tracer(...); activate(t) ... deactivate(); t.close()
+        set_step(step); set_microbatch(mb, chunk)
+        with span("forward"): ...            or    @span("optimizer", kind="host")
+        record_step(tokens=..., loss=...)
 
 Like torch.profiler's active profiler, the active tracer is one slot set by activate(); nothing is
 created at import. With no active tracer, or in a step the schedule skips, a span costs one object
@@ -16,9 +15,19 @@ from __future__ import annotations
 import functools
 import math
 import time
-from typing import Any, Callable, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from megascope.tracer.core import Tracer
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from megascope.tracer.clock import HostClock
+    from megascope.tracer.config import TraceConfig
+    from megascope.tracer.schedule import Schedule
+    from megascope.tracer.sink import Sink
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -42,6 +51,58 @@ def deactivate() -> None:
 
 def active() -> Tracer | None:
     return _active
+
+
+class trace:
+    """A Tracer active for the length of a `with` block, as `torch.profiler.profile` is:
+
+        with tracer.trace(run_dir, rank, cfg.trace, device) as t:   # t: the Tracer
+            for step in ...: tracer.set_step(step); ...
+
+    The arguments are Tracer's. Entering (or start()) builds the Tracer, which starts its threads, and
+    makes it the active one; leaving (or stop()) gives the slot back to the tracer active before and
+    closes this one: threads stopped and every buffered row flushed, also when the block raised. The
+    block's exception is never swallowed.
+    """
+
+    def __init__(self, run_dir: str | Path | None, rank: int, cfg: TraceConfig | None = None,
+                 device: torch.device | str = "cpu", *, sink: Sink | None = None,
+                 clock: HostClock | None = None, schedule: Schedule | None = None) -> None:
+        self._args = (run_dir, rank, cfg, device)
+        self._kwargs: dict[str, Any] = dict(sink=sink, clock=clock, schedule=schedule)
+        self.tracer: Tracer | None = None
+        """The Tracer once started (after stop(), closed: its stats() stay readable)."""
+        self._previous: Tracer | None = None
+        self._running = False
+
+    def start(self) -> Tracer:
+        """Build the Tracer and activate it; returns it."""
+        global _active
+        if self._running:
+            raise RuntimeError("this trace is already started; use one trace object per `with`")
+        tracer = Tracer(*self._args, **self._kwargs)
+        self._previous, self.tracer, self._running = _active, tracer, True
+        _active = tracer
+        return tracer
+
+    def stop(self) -> None:
+        """Deactivate and close (flush) the Tracer; idempotent."""
+        global _active
+        tracer = self.tracer
+        if not self._running or tracer is None:
+            return
+        self._running = False
+        if _active is tracer:  # a tracer activated by hand inside the block stays active
+            _active = self._previous
+        self._previous = None
+        tracer.close()  # close never raises: failures are counted and logged (monitoring never crashes training)
+
+    def __enter__(self) -> Tracer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> bool:
+        self.stop()
+        return False  # the block's exception, if any, propagates
 
 
 def set_step(step: int) -> None:

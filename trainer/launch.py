@@ -103,7 +103,7 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
     finally:
         supervisor.stop()
         control.close()
-        if url:
+        if url and args.node_rank == 0:  # node 0's supervisor holds the job's view (one writer per object)
             upload_leftovers(cfg.run_dir, url)
         if watcher is not None:  # after the ranks: the watcher's final verdict needs their last flush
             watcher.stop(job_finished=code == 0)

@@ -22,6 +22,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
     p.add_argument("--no-what-if", action="store_true", help="skip the what-if replays (faster on huge runs)")
     p.add_argument("--threads", type=positive_int, default=None, help="DuckDB threads, >= 1 (default: all cores)")
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="where the event pass's batches of ranks run: this process's DuckDB (default) or Ray "
+                        "tasks (each opens the run directory itself; results merged here)")
+    p.add_argument("--address", metavar="HOST:PORT", help="Ray cluster to use with --engine ray (default: start a "
+                                                          "local one)")
     return p
 
 
@@ -36,13 +41,30 @@ def positive_int(text: str) -> int:
     return value
 
 
+class EngineChoiceError(ValueError):
+    """--engine/--address cannot be used as given; the message says what to do."""
+
+
+def _engine(args: argparse.Namespace):
+    """The event pass's engine for --engine/--address (None: local)."""
+    if getattr(args, "engine", "local") != "ray":
+        if getattr(args, "address", None):
+            raise EngineChoiceError("--address is the Ray cluster of --engine ray; add --engine ray")
+        return None
+    from megascope.analyzer.engine_ray import EngineError, RayEngine
+    try:
+        return RayEngine(address=args.address)
+    except EngineError as exc:
+        raise EngineChoiceError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from megascope.analyzer.remote_run import local_run_dir
     from megascope.analyzer.run import Run
     bar = ProgressBar()
     try:
         bar("opening", 0, 3)
-        analysis = Run.open(local_run_dir(args.run_dir), progress=bar, threads=args.threads)
+        analysis = Run.open(local_run_dir(args.run_dir), progress=bar, threads=args.threads, engine=_engine(args))
         bar("analyzing", 1, 3)
         report = analysis.report(with_what_if=not args.no_what_if)
         if args.html:
@@ -50,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
             bar("html", 2, 3)
             write_html(analysis, report, args.html)
         bar("done", 3, 3)
-    except RunOpenError as exc:
+    except (RunOpenError, EngineChoiceError) as exc:
         bar.close()
         print(f"megascope analyze: {exc}", file=sys.stderr)
         return 2

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 import pandas as pd
 
 from megascope.analyzer import critical_path as cp
-from megascope.analyzer.event_pass import build_event_pass, late_arrivals
+from megascope.analyzer.event_pass import Engine, build_event_pass, late_arrivals
 from megascope.analyzer.explain import drop_explained
 from megascope.analyzer.findings import SEVERITY_ORDER, Finding
 from megascope.analyzer.flaps import FlapDetector
@@ -41,8 +41,9 @@ Progress = Callable[[str, int, int], None]
 
 class Run:
     def __init__(self, store: Store, detectors: Sequence[Detector] | None = None,
-                 progress: Progress | None = None) -> None:
+                 progress: Progress | None = None, engine: Engine | None = None) -> None:
         self.store = store
+        self.engine = engine  # where the event pass's batches run (None: this process, event_pass.LocalEngine)
         self.detectors = list(detectors) if detectors is not None else [StragglerDetector(), FlapDetector(),
                                                                            WorkloadImbalanceDetector()]
         self.progress = progress or (lambda label, done, total: None)
@@ -53,9 +54,10 @@ class Run:
 
     @classmethod
     def open(cls, path: str | Path, detectors: Sequence[Detector] | None = None,
-             progress: Progress | None = None, threads: int | None = None) -> "Run":
-        """Open a run directory. Raises RunOpenError (missing/foreign dir, unknown schema version)."""
-        return cls(Store(path, threads=threads), detectors, progress)
+             progress: Progress | None = None, threads: int | None = None, engine: Engine | None = None) -> "Run":
+        """Open a run directory. Raises RunOpenError (missing/foreign dir, unknown schema version).
+        `engine`: where the event pass's batches of ranks run (engine_ray.RayEngine: Ray tasks)."""
+        return cls(Store(path, threads=threads), detectors, progress, engine)
 
     # ---- basic views --------------------------------------------------------------------------
     @property
@@ -79,7 +81,7 @@ class Run:
         if name in self._built:
             return
         if name == "rank_step":  # one event pass builds rank_step and collective_instances together
-            build_event_pass(self.store, self.progress)
+            build_event_pass(self.store, self.progress, self.engine)
         elif name == "summary":  # rank_step + late arrivals, persisted in RUN/analysis (summary_cache.py)
             self.summary = ensure_summary(self.store, lambda: self._ensure("collectives"),
                                           tables_built="collectives" in self._built, progress=self.progress)

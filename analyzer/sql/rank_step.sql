@@ -56,7 +56,7 @@ SELECT s.rank, s.step, t.pp, t.dp, t.tp, t.host, s.start_ns, s.end_ns,
         - coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0) ELSE coalesce(e.gap_s, 0) END AS own_s,
     CASE WHEN residual_gaps THEN greatest((s.end_ns - s.start_ns) / 1e9 - coalesce(e.compute_s, 0) - coalesce(e.recv_s, 0)
         - coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0) ELSE coalesce(e.gap_s, 0) END AS other_s,
-    coalesce(e.n_events, 0) AS n_events
+    coalesce(e.n_events, 0)::BIGINT AS n_events
 FROM query_table(steps) s
 JOIN topology t USING (rank)
 LEFT JOIN _per_rank_step e USING (rank, step)

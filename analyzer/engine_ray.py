@@ -1,0 +1,89 @@
+"""The event pass on a Ray cluster (`megascope analyze RUN --engine ray [--address HOST:PORT]`).
+
+The raw-event work - the batch function of event_pass.py over one batch of ranks: read its events and
+steps segments once, the per (rank, step, peer) rows, the batch's rank_step rows and its collective
+partials - runs as one Ray task per batch. A task ships paths, not data: the run directory, the
+batch's rank-folder patterns and the pass plan (a few hundred bytes); the task opens the run directory
+itself (its own Store and DuckDB), and returns the batch's three tables as Arrow (O(ranks x steps)
+rows: the raw events never leave the worker). The driver appends them in batch order with the same
+loop as the local engine, then merges centrally what needs every batch: the collective instances
+from their partials (a group instance spans batches), the late arrivals, the incomplete-data rules
+and the detectors. The tables are the local engine's (tests/test_engine_ray.py).
+
+Every worker must reach the run directory at the same path (a shared filesystem today) and have
+megascope installed (`pip install 'megascope[ray]'`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from megascope.analyzer.event_pass import BATCH_TABLES, PassPlan, define_sql, scan_batch
+from megascope.analyzer.store import Store
+
+
+class EngineError(RuntimeError):
+    """Ray is missing or the cluster cannot be reached; the message says what to do."""
+
+
+def _ray():
+    try:
+        import ray
+    except ImportError:
+        raise EngineError("--engine ray needs Ray: pip install 'megascope[ray]' (or pip install ray)") from None
+    return ray
+
+
+def scan_batch_arrow(run_dir: str, prefixes: list[str] | None, plan: PassPlan, threads: int = 1) -> dict[str, Any]:
+    """The batch function as a task runs it: open the run, scan one batch, return its tables as Arrow
+    (`tables`: BATCH_TABLES -> pyarrow.Table) and the damaged segments the batch found (`damaged`:
+    (table, path, error) for Store.adopt_damaged)."""
+    store = Store(run_dir, threads=threads)
+    define_sql(store)
+    store.run_with_retry(lambda: scan_batch(store, prefixes, plan))
+    tables = {name: store.con.execute(f"SELECT * FROM {name}").to_arrow_table() for name in BATCH_TABLES}
+    damaged = []
+    for table, path in store.damaged:
+        prefix = f"skipped damaged segment {os.path.relpath(path, store.path)}: "
+        error = next((w[len(prefix):] for w in store.warnings if w.startswith(prefix)), "damaged")
+        damaged.append((table, path, error))
+    store.con.close()
+    return {"tables": tables, "damaged": damaged}
+
+
+class RayEngine:
+    """Maps the event pass's batch function over Ray tasks (one per batch of ranks, `cpus_per_task`
+    CPUs and DuckDB threads each), on the cluster at `address` (None: start a local one)."""
+
+    def __init__(self, address: str | None = None, cpus_per_task: int = 1) -> None:
+        ray = _ray()
+        self.cpus_per_task = cpus_per_task
+        if not ray.is_initialized():
+            try:
+                if address:
+                    ray.init(address=address, log_to_driver=False)
+                else:
+                    ray.init(include_dashboard=False, log_to_driver=False)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise EngineError(f"cannot connect to the Ray cluster at {address or 'a new local one'}: "
+                                  f"{str(exc).splitlines()[0][:200]}; start one with `ray start --head` "
+                                  "and pass its address") from None
+        self._task = ray.remote(scan_batch_arrow)
+
+    def map_batches(self, store: Store, batches: list[list[str] | None], plan: PassPlan) -> Iterator[int]:
+        ray = _ray()
+        run_dir = str(store.path.resolve())
+        task = self._task.options(num_cpus=self.cpus_per_task)
+        refs = [task.remote(run_dir, prefixes, plan, self.cpus_per_task) for prefixes in batches]
+        for i, ref in enumerate(refs):
+            result = ray.get(ref)
+            store.adopt_damaged(result["damaged"])
+            for name, table in result["tables"].items():
+                store.con.register(name, table)
+            try:
+                yield i
+            finally:
+                for name in BATCH_TABLES:
+                    store.con.unregister(name)

@@ -66,7 +66,6 @@ def _layout(catalog: RunCatalog, refresh_s: float) -> html.Div:
                      className="app-run", persistence=True, persistence_type="session"),
         dcc.Checklist(id=ids.APP_LIVE, options=[{"label": " live", "value": "live"}], value=["live"],
                       className="app-live", inputStyle={"marginRight": "4px"}),
-        html.Span(id=ids.APP_STATUS, className="app-status"),
     ])
     return html.Div([
         dcc.Location(id=ids.APP_URL, refresh="callback-nav"),

@@ -14,7 +14,6 @@ APP_URL = "app-url"
 APP_INTERVAL = "app-interval"
 APP_RUN = "app-run"
 APP_LIVE = "app-live"
-APP_STATUS = "app-status"
 
 
 def app_nav(page_module: str) -> str:

@@ -56,39 +56,54 @@ class S3Server:
                               timeout=timeout, env=env or self.env)
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory) -> S3Server:
+def _start_moto(extra_env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
+    """moto's standalone S3 server on a free 127.0.0.1 port, once it answers HTTP."""
     server = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
     assert Path(server).exists(), "moto_server not found: pip install 'moto[server]' (the test extra)"
     port = _free_port()
     proc = subprocess.Popen([server, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+                            stderr=subprocess.DEVNULL, env={**os.environ, **(extra_env or {})})
     endpoint = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:  # wait until it answers HTTP
-            try:
-                urllib.request.urlopen(endpoint + "/", timeout=2).read()
-                break
-            except urllib.error.HTTPError:
-                break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, "moto_server did not start"
-                time.sleep(0.2)
-        env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_ENDPOINT_URL": endpoint, "AWS_REGION": "us-east-1",
-               "MEGASCOPE_CACHE_DIR": str(tmp_path_factory.mktemp("cache"))}
-        env.pop("AWS_ENDPOINT_URL_S3", None)
-        env.pop("AWS_PROFILE", None)
-        server_ = S3Server(env, endpoint)
-        server_.fs.create_dir(BUCKET)
-        yield server_
-    finally:
-        proc.terminate()
+    deadline = time.monotonic() + 60
+    while True:
         try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+            urllib.request.urlopen(endpoint + "/", timeout=2).read()
+            return proc, endpoint
+        except urllib.error.HTTPError:  # an S3 error document: it answers
+            return proc, endpoint
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                _stop(proc)
+                raise AssertionError("moto_server did not start") from None
+            time.sleep(0.2)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
+
+
+def _aws_env(endpoint: str, cache: Path, key: str = "testing") -> dict[str, str]:
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": key, "AWS_ENDPOINT_URL": endpoint,
+           "AWS_REGION": "us-east-1", "MEGASCOPE_CACHE_DIR": str(cache)}
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        env.pop(name, None)
+    return env
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory) -> S3Server:
+    proc, endpoint = _start_moto()
+    try:
+        server = S3Server(_aws_env(endpoint, tmp_path_factory.mktemp("cache")), endpoint)
+        server.fs.create_dir(BUCKET)
+        yield server
+    finally:
+        _stop(proc)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +140,7 @@ def test_analyze_reads_the_bucket_like_a_local_copy(s3, traced, tmp_path):
     copied = s3.megascope("analyze", str(local), "--json", "--no-what-if")
     assert copied.returncode == 0, copied.stderr[-3000:]
     found = _findings(json.loads(remote.stdout))
-    assert found == _findings(json.loads(copied.stdout))
+    assert found == _findings(json.loads(copied.stdout)), (found, copied.stdout[-2000:])
     assert ("straggler", [1]) in found, found
     # the second read syncs incrementally: nothing changed, the same verdict
     again = s3.megascope("analyze", traced, "--json", "--no-what-if")
@@ -214,6 +229,20 @@ def test_missing_bucket_and_unreachable_store_are_one_line(s3):
     assert len(proc.stderr.strip().splitlines()) == 1 and "cannot reach the object store" in proc.stderr
     proc = s3.megascope("train", "--preset", "tiny", "--steps", "2", "--run-dir", "s3://no-such-bucket/r")
     assert proc.returncode == 2 and "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bad_credentials_are_one_line(tmp_path):
+    """moto with authentication on (INITIAL_NO_AUTH_ACTION_COUNT=0) refuses keys it does not know."""
+    proc, endpoint = _start_moto({"INITIAL_NO_AUTH_ACTION_COUNT": "0"})
+    try:
+        env = _aws_env(endpoint, tmp_path / "cache", key="not-a-key")
+        for command in (["analyze", f"s3://{BUCKET}/run"], ["simulate", f"s3://{BUCKET}/sim", "--steps", "2"]):
+            done = subprocess.run([sys.executable, "-m", "megascope", *command], capture_output=True, text=True,
+                                  timeout=120, env=env)
+            assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+            assert len(done.stderr.strip().splitlines()) == 1 and "access denied" in done.stderr, done.stderr
+    finally:
+        _stop(proc)
 
 
 def test_simulate_to_a_url_round_trips(s3, tmp_path):

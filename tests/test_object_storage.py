@@ -289,3 +289,20 @@ def test_import_to_a_url_round_trips(s3, tmp_path):
     assert _findings(reports[0]) == _findings(reports[1]) == [("hang", [1])]
     again = s3.megascope("import", "flight-recorder", *dumps, "--out", url, "--dp", "2")
     assert again.returncode == 2 and "already holds" in again.stderr and "Traceback" not in again.stderr
+
+
+def test_an_fsspec_only_scheme_carries_segments_and_the_manifest():
+    """memory:// has no pyarrow filesystem: it goes through fsspec (whose paths start with '/')."""
+    import pyarrow as pa
+
+    from megascope.tracer import run_dir as rd
+    from megascope.tracer.sink import ParquetSegmentSink
+    from megascope.tracer.storage import locate
+
+    url = f"memory://megascope-{os.getpid()}/run"
+    ParquetSegmentSink(url, 3).write("steps", pa.table({"step": [0, 1]}))
+    ParquetSegmentSink(url, 3).write("steps", pa.table({"step": [2]}))  # a restarted rank appends
+    rd.write_manifest(url, {"run_id": "m"})
+    assert rd.read_manifest(url)["run_id"] == "m" and rd.run_entries(url) == ["run.json", "steps"]
+    assert sorted(locate(url).list_files()) == ["run.json", "steps/rank=00003/seg-000000.parquet",
+                                                "steps/rank=00003/seg-000001.parquet"]

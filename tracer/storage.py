@@ -121,11 +121,13 @@ class Location:
         except OSError as exc:
             raise self.error(exc) from None
         out: dict[str, int] = {}
-        prefix = self.root.rstrip("/") + "/"
+        # compared without a leading '/': some fsspec filesystems (memory://) answer '/bucket/key'
+        prefix = self.root.strip("/") + "/"
         for info in infos:
-            if info.type != pafs.FileType.File or not info.path.startswith(prefix):
+            path = info.path.lstrip("/")
+            if info.type != pafs.FileType.File or not path.startswith(prefix):
                 continue
-            name = info.path[len(prefix):]
+            name = path[len(prefix):]
             if not any(part.startswith(".") for part in name.split("/")):
                 out[name] = int(info.size or 0)
         return out

@@ -43,7 +43,7 @@ def scan_batch_arrow(run_dir: str, prefixes: list[str] | None, plan: PassPlan, t
     store = Store(run_dir, threads=threads)
     define_sql(store)
     store.run_with_retry(lambda: scan_batch(store, prefixes, plan))
-    tables = {name: store.con.execute(f"SELECT * FROM {name}").to_arrow_table() for name in BATCH_TABLES}
+    tables = {name: store.con.sql(f"SELECT * FROM {name}").to_arrow_table() for name in BATCH_TABLES}
     damaged = []
     for table, path in store.damaged:
         prefix = f"skipped damaged segment {os.path.relpath(path, store.path)}: "

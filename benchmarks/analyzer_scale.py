@@ -2,13 +2,17 @@
 --json`, what-if replays included) in a fresh process; prints wall time and peak RSS.
 
     python benchmarks/analyzer_scale.py [--dp 192 --tp 8 --pp 8 --steps 100] [--out /tmp/megascope-scale]
-                                        [--phases]
+                                        [--phases] [--engines]
 
 Targets (DESIGN.md section 6): under 60 s and 4 GB on the 2-core dev machine. The wall time depends on
 what else runs on the machine: the table gives the load average and the process's CPU seconds (user +
 sys, all threads) next to it. `--phases` also runs the same analysis through the Python API in a second
 fresh process, timing each phase (wall and CPU seconds): open, event pass, late arrivals, each detector,
-hang check, what-if replays, and the rest of the report.
+hang check, what-if replays, and the rest of the report. `--engines` also analyzes the run with
+`--engine ray` on a local Ray cluster started for it (`ray start --head` on 127.0.0.1) with 1 and then 2
+worker CPUs (one event-pass batch per task, one DuckDB thread per task), and compares the wall time,
+the driver's CPU seconds and peak RSS, and the findings with the local engine's (the workers' CPU is
+not the driver's: Ray runs them under its own daemon).
 """
 
 from __future__ import annotations
@@ -18,8 +22,10 @@ import json
 import os
 import resource
 import shutil
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,6 +43,72 @@ def _events(out: Path) -> int:
 def _cpu_children() -> float:
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
+
+
+_WITH_RSS = ("import atexit, resource, runpy, sys; atexit.register(lambda: sys.stderr.write("
+             "'\\nMAXRSS_KB %d\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)); "
+             "sys.argv = ['megascope'] + sys.argv[1:]; runpy.run_module('megascope', run_name='__main__')")
+"""`python -m megascope ...` that prints its own peak RSS last on stderr (RUSAGE_CHILDREN keeps the
+largest child's so far, not each one's)."""
+
+
+def _analyze(out: Path, extra: list[str], env: dict | None = None) -> tuple[float, float, float, dict | None, str]:
+    """One `megascope analyze --json` in a fresh process, without a persisted summary: (wall s, CPU s of
+    the process, its peak RSS MiB, the report or None, stderr)."""
+    shutil.rmtree(out / "analysis", ignore_errors=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    res = subprocess.run([sys.executable, "-c", _WITH_RSS, "analyze", str(out), "--json", *extra],
+                         capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    report = json.loads(res.stdout) if res.returncode == 0 else None
+    rss = [line for line in res.stderr.splitlines() if line.startswith("MAXRSS_KB ")]
+    return wall, cpu, int(rss[-1].split()[1]) / 1024 if rss else float("nan"), report, res.stderr
+
+
+def _rounded(value):
+    """Floats to 9 significant digits (sums merged in another order may differ in the last bits)."""
+    if isinstance(value, float):
+        return float(f"{value:.9g}")
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
+def engines(out: Path) -> list[tuple[str, str, str, str, str]]:
+    """Rows (engine, wall s, driver CPU s, driver peak RSS MiB, findings vs local) for the local engine
+    and Ray with 1 and 2 worker CPUs on a local cluster (127.0.0.1)."""
+    ray = str(Path(sys.executable).parent / "ray")
+    if not Path(ray).exists():
+        return [("ray", "-", "-", "-", "Ray is not installed (pip install 'megascope[ray]')")]
+    # single-machine mode: every Ray process binds 127.0.0.1
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    wall, cpu, rss, local, err = _analyze(out, [], env)
+    if local is None:
+        raise SystemExit(err)
+    rows = [("local (DuckDB, all cores)", f"{wall:.1f}", f"{cpu:.1f}", f"{rss:,.0f}", "-")]
+    for workers in (1, 2):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+        try:
+            subprocess.run([ray, "start", "--head", "--num-cpus", str(workers), "--port", str(port),
+                            "--node-ip-address", "127.0.0.1", "--include-dashboard=false", "--disable-usage-stats",
+                            "--temp-dir", temp], check=True, capture_output=True, env=env)
+            wall, cpu, rss, report, err = _analyze(out, ["--engine", "ray", "--address", f"127.0.0.1:{port}"], env)
+        finally:
+            subprocess.run([ray, "stop"], capture_output=True, env=env)
+            shutil.rmtree(temp, ignore_errors=True)
+        same = "analyze failed: " + err.strip().splitlines()[-1][:120] if report is None else \
+            ("same" if _rounded(report["findings"]) == _rounded(local["findings"]) else "DIFFERENT")
+        rows.append((f"ray, {workers} worker CPU{'s' if workers > 1 else ''}", f"{wall:.1f}", f"{cpu:.1f}",
+                     f"{rss:,.0f}", same))
+    return rows
 
 
 def phases(run_dir: str) -> dict[str, tuple[float, float]]:
@@ -87,6 +159,8 @@ def main() -> int:
     ap.add_argument("--out", default="/tmp/megascope-scale")
     ap.add_argument("--regenerate", action="store_true")
     ap.add_argument("--phases", action="store_true", help="also time each phase (a second analysis)")
+    ap.add_argument("--engines", action="store_true",
+                    help="also compare the local engine with --engine ray on 1 and 2 worker CPUs")
     ap.add_argument("--child-phases", metavar="RUN", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_phases:
@@ -141,6 +215,16 @@ def main() -> int:
         print("| phase | wall (s) | CPU (s) |\n|---|---|---|")
         for name, (w, c) in json.loads(res.stdout.strip().splitlines()[-1]).items():
             print(f"| {name} | {w:,.1f} | {c:,.1f} |" if "MiB" not in name else f"| {name} | {w:,.0f} | |")
+    if args.engines:
+        load = os.getloadavg()[0]
+        rows = engines(out)
+        load = max(load, os.getloadavg()[0])
+        print("\nEngines (`megascope analyze --json`, fresh processes, no persisted summary; "
+              f"load average {load:.1f}):\n")
+        print("| engine | wall (s) | driver CPU (s) | driver peak RSS (MiB) | findings vs local |")
+        print("|---|---|---|---|---|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
     return 0
 
 

@@ -80,9 +80,8 @@ class Attachment:
     def __enter__(self) -> "Attachment":
         return self.start()
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        self.close(exc)
-        return False
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self.close(exc)  # returns None: an exception inside the block propagates
 
     def start(self) -> "Attachment":
         """Collective over the world group: every rank calls it at the same point."""
@@ -118,8 +117,10 @@ class Attachment:
         after attach (e.g. wrapped later). A DDP model takes its hook before its first backward."""
         if model is not None:
             self._hooks.append(ModelHooks(model, self.counter))
-            if self.world > 1 and isinstance(model, torch.nn.parallel.DistributedDataParallel):
-                self.ddp_hooked = ddp_hook.register(model, self.layout)  # type: ignore[arg-type]
+            # world > 1 only once start() has set the layout
+            if (self.world > 1 and self.layout is not None
+                    and isinstance(model, torch.nn.parallel.DistributedDataParallel)):
+                self.ddp_hooked = ddp_hook.register(model, self.layout)
         if optimizer is not None:
             self._hooks.append(OptimizerHooks(optimizer))
 

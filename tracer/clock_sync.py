@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed import ProcessGroup
 
 from megascope.tracer.clock import HostClock
 
@@ -42,7 +43,7 @@ class ClockSyncResult:
     """Hosts the group spans (each synced through its leader)."""
 
 
-def _tensor_device(group: object) -> torch.device:
+def _tensor_device(group: ProcessGroup | None) -> torch.device:
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -55,7 +56,7 @@ def _wait_arrival(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _leader_rounds(clock: HostClock, peer: int, rounds: int, group: object,
+def _leader_rounds(clock: HostClock, peer: int, rounds: int, group: ProcessGroup | None,
                    device: torch.device) -> tuple[int, int]:
     """Rank 0's side with one peer; returns (offset, delay) of the least-delay round."""
     ping = torch.zeros(1, dtype=torch.int64, device=device)
@@ -77,7 +78,7 @@ def _leader_rounds(clock: HostClock, peer: int, rounds: int, group: object,
     return best
 
 
-def _follower_rounds(clock: HostClock, leader: int, rounds: int, group: object,
+def _follower_rounds(clock: HostClock, leader: int, rounds: int, group: ProcessGroup | None,
                      device: torch.device) -> None:
     ping = torch.zeros(1, dtype=torch.int64, device=device)
     pong = torch.zeros(2, dtype=torch.int64, device=device)
@@ -90,7 +91,7 @@ def _follower_rounds(clock: HostClock, leader: int, rounds: int, group: object,
         dist.send(pong, dst=leader, group=group)
 
 
-def estimate_offsets(clock: HostClock, group: object | None = None, rounds: int = 8) -> ClockSyncResult:
+def estimate_offsets(clock: HostClock, group: ProcessGroup | None = None, rounds: int = 8) -> ClockSyncResult:
     """Collective over `group` (default: world). The group's first rank is the reference; hosts are
     told apart by `clock.host` (the hostname by default)."""
     if rounds < 1:
@@ -131,7 +132,7 @@ def estimate_offsets(clock: HostClock, group: object | None = None, rounds: int 
                            hosts=len(host_leader))
 
 
-def _host_of_each_member(host: str, size: int, group: object, device: torch.device) -> list[int]:
+def _host_of_each_member(host: str, size: int, group: ProcessGroup | None, device: torch.device) -> list[int]:
     """Every member's host, as a 63-bit hash of its name (one all-gather of an int64)."""
     digest = int.from_bytes(hashlib.blake2b(host.encode(), digest_size=8).digest(), "little") >> 1
     mine = torch.tensor([digest], dtype=torch.int64, device=device)

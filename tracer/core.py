@@ -15,7 +15,7 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,13 @@ from megascope.tracer.schedule import Schedule, check_level, every_n_steps
 from megascope.tracer.schema import TABLES, WAIT_SUFFIX
 from megascope.tracer.sink import ParquetSegmentSink, Sink
 from megascope.tracer.watchdog import CommOp, HangWatchdog, InflightRegistry
+
+if TYPE_CHECKING:  # for annotations; the three recorders are imported where used (each needs its own hardware)
+    from torch.distributed import ProcessGroup
+
+    from megascope.tracer.cupti_kernels import CuptiKernelRecorder
+    from megascope.tracer.gpu_timing import CudaTimeline
+    from megascope.tracer.nvml_sampler import NvmlSampler
 
 log = logging.getLogger("megascope.tracer")
 _monotonic_ns = time.monotonic_ns
@@ -71,7 +78,11 @@ class Tracer:
                         for name, schema in TABLES.items()}
         self._events = self.buffers["events"]
         self.sink = sink if sink is not None else ParquetSegmentSink(run_dir, self.rank)  # type: ignore[arg-type]
-        self.flusher = self.watchdog = self.timeline = self.nvml = self.cupti = None
+        self.flusher: Flusher | None = None
+        self.watchdog: HangWatchdog | None = None
+        self.timeline: CudaTimeline | None = None
+        self.nvml: NvmlSampler | None = None
+        self.cupti: CuptiKernelRecorder | None = None
         self.completion: CompletionTracker | None = None
         self.pending_works: deque = deque()
         """Async works not yet seen complete (the completion tracker's); the hot path tests it for
@@ -122,7 +133,7 @@ class Tracer:
         try:
             self.step, self.microbatch, self.chunk = int(step), -1, -1
             self.step_start_ns = self.now_ns()
-            if self.pending_works:
+            if self.pending_works and self.completion is not None:  # set whenever works are pending
                 self.completion.sweep(self.step_start_ns)
             record = self.enabled and self.level != "step" and bool(self.schedule(self.step))
             self.recording = record
@@ -163,13 +174,14 @@ class Tracer:
             self._failed("span end", exc)
 
     # -- comm ops ----------------------------------------------------------------------------
-    def begin_comm(self, name: str, kind: str, group_name: str, group: object, seq_key: Any,
+    def begin_comm(self, name: str, kind: str, group_name: str, group: ProcessGroup | None, seq_key: Any,
                    peer: int, nbytes: int, members: list[int] | None, on_gpu: bool,
                    issue_ns: int | None = None) -> CommOp | None:
         """Register an op about to be issued: sequence number, in-flight entry, issue and start time
         (start = issue on CPU until comm_spans.finish moves it to when an async call returned)."""
         try:
-            if self.pending_works:  # observe earlier async ops' completion first (they precede this)
+            # observe earlier async ops' completion first (they precede this)
+            if self.pending_works and self.completion is not None:
                 self.completion.sweep()
             seq = self._seq.get(seq_key, 0)
             self._seq[seq_key] = seq + 1
@@ -249,7 +261,7 @@ class Tracer:
         if not self.enabled:
             return
         try:
-            if self.pending_works:
+            if self.pending_works and self.completion is not None:  # set whenever works are pending
                 self.completion.sweep()
             self.buffers["steps"].append((
                 self.step if step is None else int(step),
@@ -260,7 +272,7 @@ class Tracer:
         except Exception as exc:
             self._failed("record_step", exc)
 
-    def sync_clocks(self, group: object | None = None, rounds: int = 8) -> ClockSyncResult | None:
+    def sync_clocks(self, group: ProcessGroup | None = None, rounds: int = 8) -> ClockSyncResult | None:
         """Collective: every rank of `group` (default world) calls it at the same point.
         Sets this rank's offset to rank 0; rank 0 stores all offsets in run.json."""
         try:

@@ -81,7 +81,7 @@ def traced_allreduce_hook(state, bucket):  # noqa: ANN001, ANN201 (see the docst
     return work.get_future().then(completed)
 
 
-def register(model: torch.nn.Module, layout: AttachLayout) -> bool:
+def register(model: torch.nn.parallel.DistributedDataParallel, layout: AttachLayout) -> bool:
     """Register the hook on a DistributedDataParallel model; False (and a log line) when it cannot."""
     group = getattr(model, "process_group", None) or dist.group.WORLD
     members = [int(r) for r in dist.get_process_group_ranks(group)]

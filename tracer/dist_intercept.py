@@ -35,6 +35,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from torch.distributed import ProcessGroup
 
 from megascope.tracer import api, comm_spans
 from megascope.tracer.attach_topology import AttachLayout
@@ -158,7 +159,7 @@ class DistInterceptor:
 
     def __init__(self, layout: AttachLayout, rank: int) -> None:
         self.layout, self.rank = layout, rank
-        self._groups: dict[int, tuple[object, str, list[int]]] = {}
+        self._groups: dict[int, tuple[ProcessGroup | None, str, list[int]]] = {}
         self._saved: list[tuple[Any, str, Any]] = []
         self.installed = False
 
@@ -167,10 +168,10 @@ class DistInterceptor:
         if self.installed:
             return
         for fname in INTERCEPTED:
-            original = getattr(c10d, fname, None)
-            if original is None:  # an older torch without this function
+            found = getattr(c10d, fname, None)
+            if found is None:  # an older torch without this function
                 continue
-            original = getattr(original, "__wrapped__", original) if isinstance(original, TracedFunction) else original
+            original: Callable = found.__wrapped__ if isinstance(found, TracedFunction) else found
             traced = TracedFunction(original, self._handler_for(fname, original))
             for module in _NAMESPACES:
                 current = getattr(module, fname, None)
@@ -201,7 +202,7 @@ class DistInterceptor:
         return self._batch
 
     # -- groups --------------------------------------------------------------------------------
-    def group_info(self, group: object) -> tuple[object, str, list[int]]:
+    def group_info(self, group: ProcessGroup | None) -> tuple[ProcessGroup | None, str, list[int]]:
         """(process group, layout name or "", member global ranks), cached per group object."""
         group = group if group is not None else dist.group.WORLD
         hit = self._groups.get(id(group))
@@ -216,6 +217,8 @@ class DistInterceptor:
     def _collective(self, original: Callable, args: tuple, kwargs: dict, get: Callable, name: str,
                     tensor_arg: str) -> Any:
         tracer = api._active
+        if tracer is None:  # deactivated while installed: nothing to report to
+            return original(*args, **kwargs)
         issue_ns = _monotonic_ns() + tracer.clock.shift_ns  # first thing: when the op was asked for
         async_op = bool(get(args, kwargs, "async_op", False))
         op = tensor = None
@@ -229,7 +232,7 @@ class DistInterceptor:
             tracer._failed(f"intercepting {name}", exc)
         return _run_traced(op, original, args, kwargs, async_op, tensor)
 
-    def _peer(self, args: tuple, kwargs: dict, get: Callable, direction: str, group: object) -> int:
+    def _peer(self, args: tuple, kwargs: dict, get: Callable, direction: str, group: ProcessGroup | None) -> int:
         """The partner's global rank (dst/src, or group_dst/group_src translated); -1 for any source."""
         key = "dst" if direction == "send" else "src"
         peer = get(args, kwargs, key)
@@ -237,10 +240,11 @@ class DistInterceptor:
             group_peer = get(args, kwargs, "group_" + key)
             if group_peer is None:
                 return -1
-            peer = dist.get_global_rank(group if group is not None else dist.group.WORLD, group_peer)
+            # no group: the world group, whose group ranks are global ranks
+            peer = group_peer if group is None else dist.get_global_rank(group, group_peer)
         return int(peer)
 
-    def _begin_p2p(self, tracer: Any, direction: str, tensor: torch.Tensor, peer: int, group: object,
+    def _begin_p2p(self, tracer: Any, direction: str, tensor: torch.Tensor, peer: int, group: ProcessGroup | None,
                    issue_ns: int) -> Any:
         gname = self.layout.p2p_group(self.rank, peer)
         seq_key = (gname or ("pg", id(group)), direction, peer)
@@ -250,6 +254,8 @@ class DistInterceptor:
     def _p2p(self, original: Callable, args: tuple, kwargs: dict, get: Callable, direction: str,
              is_async: bool) -> Any:
         tracer = api._active
+        if tracer is None:  # deactivated while installed: nothing to report to
+            return original(*args, **kwargs)
         issue_ns = _monotonic_ns() + tracer.clock.shift_ns
         op = tensor = None
         try:
@@ -262,8 +268,10 @@ class DistInterceptor:
         return _run_traced(op, original, args, kwargs, is_async, tensor, has_completion=False)
 
     def _batch(self, original: Callable, args: tuple, kwargs: dict) -> Any:
-        ops = args[0] if args else kwargs.get("p2p_op_list")
+        ops: list[Any] = args[0] if args else kwargs.get("p2p_op_list", [])
         tracer = api._active
+        if tracer is None:  # deactivated while installed: nothing to report to
+            return original(*args, **kwargs)
         issue_ns = _monotonic_ns() + tracer.clock.shift_ns
         traced: list[Any] = []
         try:
@@ -304,7 +312,8 @@ def _run_traced(op: Any, original: Callable, args: tuple, kwargs: dict, is_async
     except BaseException:
         comm_spans.abort([op])
         raise
+    on_gpu = tensor is not None and tensor.is_cuda  # an op is begun only once its tensor is known
     if not is_async:
-        comm_spans.finish([op], None, tensor.is_cuda)
+        comm_spans.finish([op], None, on_gpu)
         return result
-    return _as_work(comm_spans.finish([op], result, tensor.is_cuda, has_completion=has_completion))
+    return _as_work(comm_spans.finish([op], result, on_gpu, has_completion=has_completion))

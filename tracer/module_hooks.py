@@ -86,7 +86,11 @@ def _backward_begins(mb: int) -> None:
     tracer.microbatch = mb  # comm issued during this backward (DDP buckets, FSDP reduce-scatters)
     backward = api.span("backward", microbatch=mb)
     backward.__enter__()
-    Variable._execution_engine.queue_callback(lambda: backward.__exit__(None, None, None))
+
+    def end_backward() -> None:  # runs when the engine has finished this backward
+        backward.__exit__(None, None, None)
+
+    Variable._execution_engine.queue_callback(end_backward)
 
 
 class OptimizerHooks:

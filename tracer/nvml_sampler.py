@@ -40,7 +40,7 @@ class NvmlSampler:
         self.samples = 0
         self._nvml: Any = None
         self._stop = threading.Event()
-        self._nvlink_prev: tuple[int, float, float] | None = None
+        self._nvlink_prev: tuple[float, float, float] | None = None
         self._thread: threading.Thread | None = None
         if device.type != "cuda":
             log.info("tracer: NVML sampling off (device %s is not a GPU)", device)

@@ -53,6 +53,7 @@ class TraceJsonReader:
     def _fill(self) -> bool:
         if self._eof:
             return False
+        assert self._stream is not None, "_fill runs inside __iter__, which opens the stream"
         chunk = self._stream.read(self.chunk_chars)
         if not chunk:
             self._eof = True
@@ -65,7 +66,9 @@ class TraceJsonReader:
     def _peek(self) -> str:
         """Next non-whitespace character ('' at the end of the file), not consumed."""
         while True:
-            self._pos = _WS.match(self._buf, self._pos).end()
+            blank = _WS.match(self._buf, self._pos)
+            assert blank is not None  # a `*` pattern always matches
+            self._pos = blank.end()
             if self._pos < len(self._buf):
                 return self._buf[self._pos]
             if not self._fill():
@@ -139,7 +142,9 @@ class TraceJsonReader:
         while True:
             # fast path (almost every event): the whole object and its separator are in the buffer
             buf = self._buf
-            pos = ws(buf, self._pos).end()
+            blank = ws(buf, self._pos)
+            assert blank is not None  # a `*` pattern always matches
+            pos = blank.end()
             try:
                 value, end = decode(buf, pos)
                 m = sep(buf, end) if isinstance(value, dict) else None

@@ -98,12 +98,12 @@ class _ThreadRuns:
             run[1] = max(run[1], end)
             return
         if run is not None:
-            self.out.append(tuple(run))
+            self.out.append((run[0], run[1], run[2]))
         self.run = [start, end, cls]
 
     def close(self) -> None:
         if self.run is not None:
-            self.out.append(tuple(self.run))
+            self.out.append((self.run[0], self.run[1], self.run[2]))
             self.run = None
 
 
@@ -260,8 +260,8 @@ def convert_rank(trace: RankTrace, rank: int, layout: Layout, writer: RunWriter)
     counters: Counter = Counter()
     default_group = _default_group(layout)
     for op in ops:
-        step = index.at(op.start)
-        if step is None:
+        op_step = index.at(op.start)
+        if op_step is None:
             outside += 1
             continue
         nbytes = (op.numel or 0) * (op.elem_bytes or 4)
@@ -269,7 +269,7 @@ def convert_rank(trace: RankTrace, rank: int, layout: Layout, writer: RunWriter)
             peer = _global_peer(op, rank, layout)
             name = _p2p_name(op.name, rank, peer, layout)
             key = (op.name, peer)
-            writer.event(rank, step, name, "p2p", base + op.start, base + op.end, group="pp" if layout.pp > 1 else
+            writer.event(rank, op_step, name, "p2p", base + op.start, base + op.end, group="pp" if layout.pp > 1 else
                          default_group, seq=counters[key], peer=peer, nbytes=nbytes)
             counters[key] += 1
             continue
@@ -277,7 +277,7 @@ def convert_rank(trace: RankTrace, rank: int, layout: Layout, writer: RunWriter)
         group = group or "world"
         seq = op.seq if op.seq is not None else counters[group]
         counters[group] += 1
-        writer.event(rank, step, op.name, "collective", base + op.start, base + op.end, group=group, seq=seq,
+        writer.event(rank, op_step, op.name, "collective", base + op.start, base + op.end, group=group, seq=seq,
                      nbytes=nbytes)
         written += 1
     if outside:

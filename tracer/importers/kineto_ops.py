@@ -131,7 +131,7 @@ def paint(intervals: list[tuple[int, int, int]], merge_gap_ns: int) -> list[tupl
             if top_before >= 0 and t > since:
                 _append(segments, since, t, top_before, merge_gap_ns)
             since = t
-    return [tuple(s) for s in segments if s[2] != COMM]
+    return [(s[0], s[1], s[2]) for s in segments if s[2] != COMM]
 
 
 def _append(segments: list[list[int]], start: int, end: int, cls: int, merge_gap_ns: int) -> None:

@@ -232,8 +232,9 @@ def import_ndtimeline(sources: list[Path], writer: RunWriter, dp: int | None, tp
 
 def _layout(con: duckdb.DuckDBPyConnection, source: str, world: int | None, dp: int | None,
             tp: int | None, pp: int | None, vpp: int | None, cp: int | None) -> Layout:
-    seen_dp, seen_pp, max_rank = con.execute(
-        f"SELECT max(dp_rank) + 1, max(stage) + 1, max(rank) FROM ({source})").fetchone()
+    row = con.execute(f"SELECT max(dp_rank) + 1, max(stage) + 1, max(rank) FROM ({source})").fetchone()
+    assert row is not None  # an aggregate without GROUP BY returns one row
+    seen_dp, seen_pp, max_rank = row
     if seen_dp is None:
         raise ImportInputError("the NDTimeline files hold no rows")
     dp = dp or int(seen_dp)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import shutil
 from pathlib import Path
 from urllib.parse import parse_qs, urlparse
@@ -247,7 +248,10 @@ def test_every_component_id_comes_from_the_ids_module(app, pages):
     assert len(declared) == len(set(declared))
     known = set(declared) | {ids.app_nav(name) for name in pages}
     in_layouts = set().union(_component_ids(app.layout), *(_component_ids(page.layout()) for page in pages.values()))
-    dependencies = app.server.test_client().get("/_dash-dependencies").get_json()
+    # in a copy of the context: Dash sets its current-app context variable while serving, which would
+    # otherwise stay pointing at this app for the test modules that build their own app after this one
+    dependencies = contextvars.copy_context().run(
+        lambda: app.server.test_client().get("/_dash-dependencies").get_json())
     in_callbacks = {part.split(".")[0] for d in dependencies for part in d["output"].strip(".").split("...")}
     in_callbacks |= {x["id"] for d in dependencies for x in d["inputs"] + d["state"]}
     assert ids.TIMELINE_GRAPH in in_callbacks and ids.OVERVIEW_MFU in in_layouts  # the walk finds them

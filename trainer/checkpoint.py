@@ -34,6 +34,7 @@ import torch.distributed as dist
 from megascope import tracer as tracing
 from megascope.tracer import comm
 from megascope.tracer.run_dir import write_json_atomic
+from megascope.trainer import checkpoint_io as cio
 from megascope.trainer.checkpoint_io import broadcast_tree, host_snapshot, save_file
 from megascope.trainer.config import JobConfig
 from megascope.trainer.parallel_dims import ParallelDims
@@ -43,6 +44,10 @@ MANIFEST = "manifest.json"
 STEP_DIR_RE = re.compile(r"^step-(\d{6,})$")
 PUBLISH_TIMEOUT_S = 600.0
 """How long rank 0 waits for the other ranks' shards before giving up on a checkpoint."""
+
+
+RESHARDABLE = ("dp", "zero")
+"""Layout fields a DCP checkpoint (checkpoint_dcp.py) may change between save and resume."""
 
 
 class CheckpointLayoutError(ValueError):
@@ -85,35 +90,111 @@ def expected_files(layout: dict[str, Any]) -> list[str]:
             for dp in writer_dp_ranks(layout)]
 
 
-def list_complete(run_dir: str | Path) -> list[CheckpointInfo]:
-    """Complete checkpoints (manifest present, every listed shard present), oldest first."""
-    root = checkpoint_root(run_dir)
+def checkpoint_home(cfg: JobConfig) -> str:
+    """Where the job's checkpoints go: robust.checkpoint_dir (a path or an fsspec URL), else RUN/checkpoints."""
+    given = getattr(cfg.robust, "checkpoint_dir", "")
+    return given or str(checkpoint_root(cfg.run_dir))
+
+
+def damaged(manifest: dict[str, Any], present: dict[str, int]) -> str | None:
+    """Why a checkpoint with this manifest is not usable, given the files present (name -> size)."""
+    sizes = manifest.get("sizes", {})
+    for name in manifest.get("files", []):
+        if name not in present:
+            return f"file {name} is missing"
+        if name in sizes and present[name] != sizes[name]:
+            return f"file {name} has {present[name]} bytes, the manifest says {sizes[name]}"
+    return None
+
+
+def list_complete_at(root: str | Path, problems: list[str] | None = None) -> list[CheckpointInfo]:
+    """Complete checkpoints under `root` (a path or a URL), oldest first: a manifest that parses and
+    lists files that are all there (with their recorded sizes, where the manifest has them). Why an
+    incomplete one with a manifest was skipped goes into `problems`."""
+    local = "://" not in str(root)  # URLs (file:// too) stay strings
     out = []
-    if not root.is_dir():
-        return out
-    for entry in sorted(root.iterdir()):
-        match = STEP_DIR_RE.match(entry.name)
-        manifest_path = entry / MANIFEST
-        if not match or not manifest_path.is_file():
+    entries = cio.list_dir(str(root))
+    for name in sorted(entries):
+        match = STEP_DIR_RE.match(name)
+        if not match or entries[name] != -1:
+            continue
+        directory = cio.join(root, name)
+        present = cio.list_dir(directory)
+        if MANIFEST not in present:
             continue
         try:
-            manifest = json.loads(manifest_path.read_text())
-        except (OSError, ValueError):
-            continue  # unreadable manifest: not a usable checkpoint
-        if all((entry / name).is_file() for name in manifest.get("files", [])):
-            out.append(CheckpointInfo(int(match.group(1)), entry, manifest))
+            manifest = json.loads(cio.read_text(cio.join(directory, MANIFEST)))
+        except (OSError, ValueError) as exc:
+            if problems is not None:
+                problems.append(f"{directory}: unreadable {MANIFEST} ({exc})")
+            continue
+        why = damaged(manifest, present)
+        if why is not None:
+            if problems is not None:
+                problems.append(f"{directory}: {why}")
+            continue
+        out.append(CheckpointInfo(int(match.group(1)), Path(directory) if local else directory, manifest))  # type: ignore[arg-type]
     return sorted(out, key=lambda c: c.step)
 
 
-def latest_complete(run_dir: str | Path) -> CheckpointInfo | None:
-    done = list_complete(run_dir)
+def list_complete(run_dir: str | Path) -> list[CheckpointInfo]:
+    """Complete checkpoints in RUN/checkpoints, oldest first."""
+    return list_complete_at(checkpoint_root(run_dir))
+
+
+def latest_complete_at(root: str | Path, step: int | None = None,
+                       problems: list[str] | None = None) -> CheckpointInfo | None:
+    """The newest complete checkpoint under `root` (or the one of `step`, if complete)."""
+    done = [c for c in list_complete_at(root, problems) if step is None or c.step == step]
     return done[-1] if done else None
+
+
+def latest_complete(run_dir: str | Path, root: str | Path | None = None) -> CheckpointInfo | None:
+    return latest_complete_at(root if root is not None else checkpoint_root(run_dir))
+
+
+def publish_manifest(directory: str, fields: dict[str, Any]) -> None:
+    """Rank 0, once every file of a checkpoint is written: the manifest (last), listing the files and
+    their sizes, so a truncated or missing file makes the checkpoint incomplete."""
+    present = {n: size for n, size in cio.list_dir(directory).items()
+               if size >= 0 and n != MANIFEST and ".tmp" not in n}
+    manifest = {**fields, "files": sorted(present), "sizes": present, "bytes": sum(present.values()),
+                "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    cio.write_text_atomic(cio.join(directory, MANIFEST), json.dumps(manifest, indent=2, default=str))
+
+
+def prune_at(root: str | Path, keep_last: int) -> None:
+    """Keep the last keep_last complete checkpoints; drop older and abandoned (incomplete) ones."""
+    complete = list_complete_at(root)
+    if not complete:
+        return
+    keep = {c.step for c in complete[-max(1, keep_last):]}
+    newest = complete[-1].step
+    for name in cio.list_dir(str(root)):
+        match = STEP_DIR_RE.match(name)
+        if match and int(match.group(1)) not in keep and int(match.group(1)) < newest:
+            cio.remove_tree(cio.join(root, name))
+
+
+def drop_newer_at(root: str | Path, step: int) -> None:
+    """Saves newer than the chosen checkpoint are leftovers of a crashed attempt (see _drop_newer_than)."""
+    for name in cio.list_dir(str(root)):
+        match = STEP_DIR_RE.match(name)
+        if match and int(match.group(1)) > step:
+            cio.remove_tree(cio.join(root, name))
 
 
 def check_resumable(info: CheckpointInfo, cfg: JobConfig) -> None:
     """Refuse a checkpoint saved with another layout, model or optimizer, saying what to do."""
     saved, now = info.manifest.get("layout", {}), layout_of(cfg)
-    diff = [f"{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in now if saved.get(k) != now[k]]
+    reshardable = info.manifest.get("format") == "dcp"
+    free = RESHARDABLE if reshardable else ()
+    diff = [f"{k}: saved {saved.get(k)!r}, now {now[k]!r}" for k in now if k not in free and saved.get(k) != now[k]]
+    if diff and reshardable:
+        raise CheckpointLayoutError(
+            f"checkpoint {info.path} was saved with a different layout ({'; '.join(diff)}). It reshards "
+            f"across {' and '.join(RESHARDABLE)} only: rerun with the saved tp/pp/vpp, bucket_mb, model and "
+            "optimizer, or start fresh with a new --run-dir")
     if diff:
         raise CheckpointLayoutError(
             f"checkpoint {info.path} was saved with a different layout ({'; '.join(diff)}). Resuming "
@@ -301,3 +382,12 @@ class CheckpointManager:
             match = STEP_DIR_RE.match(entry.name)
             if match and int(match.group(1)) > step:
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def make_checkpoint_manager(cfg: JobConfig, dims: ParallelDims, rank: int, device: torch.device) -> Any:
+    """The manager robust.checkpoint_format names: DCP (checkpoint_dcp.py) or the two-stage snapshot."""
+    if getattr(cfg.robust, "checkpoint_format", "snapshot") == "dcp":
+        from megascope.trainer.checkpoint_dcp import DcpCheckpointManager
+
+        return DcpCheckpointManager(cfg, dims, rank, device)
+    return CheckpointManager(cfg, dims, rank, device)

@@ -126,3 +126,103 @@ def _collect_refs(skeleton: Any, out: list[_TensorRef]) -> None:
     elif isinstance(skeleton, (list, tuple)):
         for v in skeleton:
             _collect_refs(v, out)
+
+
+# ---------------------------------------------------------------------- checkpoint locations
+# A checkpoint root is a local directory or an fsspec URL (s3://bucket/ckpt, gs://..., file:///...).
+# Local paths go through os/pathlib (atomic renames); URLs through fsspec, where a PUT is atomic.
+
+
+def is_url(root: str | os.PathLike) -> bool:
+    text = os.fspath(root)
+    return "://" in text and not text.startswith("file://")
+
+
+def _fs(root: str):
+    import fsspec
+
+    return fsspec.core.url_to_fs(root)[0]
+
+
+def join(root: str | os.PathLike, name: str) -> str:
+    text = os.fspath(root)
+    return f"{text.rstrip('/')}/{name}" if "://" in text else str(Path(text) / name)
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:06d}"
+
+
+def makedirs(path: str) -> None:
+    if is_url(path):
+        _fs(path).makedirs(path, exist_ok=True)
+    else:
+        Path(path.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+
+
+def list_dir(path: str) -> dict[str, int]:
+    """Names directly under `path` -> size in bytes (directories: -1); empty if it does not exist."""
+    if is_url(path):
+        fs = _fs(path)
+        try:
+            entries = fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: (int(e.get("size") or 0) if e["type"] == "file" else -1)
+                for e in entries}
+    folder = Path(path.removeprefix("file://"))
+    if not folder.is_dir():
+        return {}
+    return {e.name: (e.stat().st_size if e.is_file() else -1) for e in folder.iterdir()}
+
+
+def read_text(path: str) -> str:
+    if is_url(path):
+        with _fs(path).open(path, "r") as f:
+            return f.read()
+    return Path(path.removeprefix("file://")).read_text()
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """A temporary name renamed into place locally; one whole PUT on an object store."""
+    if is_url(path):
+        with _fs(path).open(path, "w") as f:
+            f.write(text)
+        return
+    target = Path(path.removeprefix("file://"))
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, target)
+
+
+def remove_tree(path: str) -> None:
+    if is_url(path):
+        try:
+            _fs(path).rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+        return
+    import shutil
+
+    shutil.rmtree(path.removeprefix("file://"), ignore_errors=True)
+
+
+def dcp_writer(path: str):
+    """DCP's writer for `path`: FileSystemWriter locally, FsspecWriter for a URL."""
+    if is_url(path) or path.startswith("file://"):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+
+        return FsspecWriter(path, single_file_per_rank=True, sync_files=False)
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    return FileSystemWriter(path, single_file_per_rank=True, sync_files=True)
+
+
+def dcp_reader(path: str):
+    if is_url(path) or path.startswith("file://"):
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+
+        return FsspecReader(path)
+    from torch.distributed.checkpoint import FileSystemReader
+
+    return FileSystemReader(path)

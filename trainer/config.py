@@ -24,6 +24,7 @@ Optimizer = Literal["adamw", "lamb"]
 Dtype = Literal["fp32", "bf16"]
 Device = Literal["auto", "cpu", "cuda"]
 SelfCheckWhen = Literal["restart", "always", "off"]
+CheckpointFormat = Literal["dcp", "snapshot"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
 
 
@@ -127,6 +128,14 @@ class RobustConfig:
     but writes more (the gpu preset's state is 3.4 GiB at dp=1, pp=1)."""
     keep_last: int = 2
     """Complete checkpoints kept; older ones are deleted after a newer one is complete."""
+    checkpoint_format: CheckpointFormat = "dcp"
+    """dcp: torch.distributed.checkpoint, saved asynchronously (a host copy in the training thread, the
+    write in the background), to a path or an fsspec URL, and resumable with another dp (a restart with
+    fewer replicas reshards); snapshot: the two-stage host snapshot (one file per shard, local or shared
+    filesystem only, same layout to resume). benchmarks/checkpoint_stall.py compares their stalls."""
+    checkpoint_dir: str = ""
+    """Where checkpoints go: empty = RUN/checkpoints; else a path or an fsspec URL (s3://bucket/ckpt: needs
+    the fsspec driver, e.g. s3fs) that every rank can reach (dcp only)."""
     max_restarts: int = 3
     """Automatic restarts of the worker group after a failure (elastic agent); 0 = a failure ends the job."""
     heartbeat_interval_s: float = 1.0
@@ -279,6 +288,7 @@ CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "parallel.recompute": ("recompute", RECOMPUTE_MODES),
     "trace.level": ("trace level", TRACE_LEVELS),
     "robust.self_check": ("robust.self_check", get_args(SelfCheckWhen)),
+    "robust.checkpoint_format": ("robust.checkpoint_format", get_args(CheckpointFormat)),
 }
 """String fields and the values they accept (the Literal types above; the trace level is the tracer's)."""
 
@@ -318,6 +328,9 @@ def validate(cfg: JobConfig, world_size: int | None = None) -> None:
     if t.steps < 1:
         raise ConfigError("--steps must be >= 1")
     r = cfg.robust
+    if r.checkpoint_format == "snapshot" and "://" in r.checkpoint_dir:
+        raise ConfigError(f"robust.checkpoint_dir {r.checkpoint_dir} is a URL: only robust.checkpoint_format=dcp "
+                          "writes to one; set --set robust.checkpoint_format=dcp or give a local path")
     if 0 < r.heartbeat_timeout_s <= 2 * r.heartbeat_interval_s:
         raise ConfigError(f"robust.heartbeat_timeout_s ({r.heartbeat_timeout_s}) must exceed twice "
                           f"robust.heartbeat_interval_s ({r.heartbeat_interval_s}), or be 0 (off)")

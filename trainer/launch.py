@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 
 from megascope.tracer.run_dir import run_entries
-from megascope.trainer.checkpoint import CheckpointLayoutError, check_resumable, latest_complete
+from megascope.trainer.checkpoint import CheckpointLayoutError, check_resumable, checkpoint_home, latest_complete_at
 from megascope.trainer.config import JobConfig
 from megascope.trainer.heartbeat import heartbeat_dir, read_heartbeats
 from megascope.trainer.object_store import upload_leftovers, use_url_run_dir
@@ -189,10 +189,14 @@ def check_resume(cfg: JobConfig, resume: bool) -> str | None:
         rank, beat = min(live.items())
         return (f"--resume: a job is still running in {cfg.run_dir} (rank {rank}, pid {beat['pid']}); "
                 "stop it first (Ctrl-C in its terminal)")
-    info = latest_complete(cfg.run_dir)
+    problems: list[str] = []
+    info = latest_complete_at(checkpoint_home(cfg), problems=problems)
     if info is None:
+        damage = f"; damaged: {'; '.join(problems)}" if problems else ""
         return (f"--resume: {cfg.run_dir} has no complete checkpoint to continue from (checkpoints were off, "
-                "or the run ended before its first one); pass a new --run-dir")
+                f"or the run ended before its first one){damage}; pass a new --run-dir")
+    for problem in problems:  # a newer one is damaged: said, and the newest complete one is used
+        print(f"[megascope] --resume: skipping a damaged checkpoint: {problem}", flush=True)
     try:
         check_resumable(info, cfg)
     except CheckpointLayoutError as exc:
@@ -204,7 +208,7 @@ def start_resumed_launch(cfg: JobConfig) -> None:
     """A new launch continuing a run: the previous launch's heartbeats and health view go (the
     supervisor would take their pids for dead ranks of this launch), and a `restart` incident marks
     where the new attempt begins, so the analyzer keeps only its rows of the steps run again."""
-    info = latest_complete(cfg.run_dir)
+    info = latest_complete_at(checkpoint_home(cfg))
     if info is None:
         return
     shutil.rmtree(heartbeat_dir(cfg.run_dir), ignore_errors=True)

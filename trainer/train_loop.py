@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from megascope import tracer as tracing
-from megascope.trainer.checkpoint import CheckpointManager
+from megascope.trainer.checkpoint import make_checkpoint_manager
 from megascope.trainer.checkpoint_cadence import CheckpointCadence, agree_max
 from megascope.trainer.config import JobConfig
 from megascope.trainer.faults import Faults
@@ -27,7 +27,7 @@ def train(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults: Faul
           heartbeat: Heartbeat | None = None, restart: int = 0) -> None:
     rank = dist.get_rank()
     state = parallelize(cfg, dims, device, faults)
-    ckpt = CheckpointManager(cfg, dims, rank, device)
+    ckpt = make_checkpoint_manager(cfg, dims, rank, device)  # robust.checkpoint_format: dcp or snapshot
     _beat(heartbeat, status="restoring")
     start_step = ckpt.resume(state)
     if rank == 0 and start_step > 0:

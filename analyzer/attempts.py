@@ -96,7 +96,9 @@ def build_bounds(con: duckdb.DuckDBPyConnection, steps: str, times: list[int]) -
     """Create the BOUNDS table from `steps` (a relation with rank, step, start_ns, end_ns: the
     unfiltered steps) and the restart times; returns its number of rows (0: one attempt per rank)."""
     con.execute(_BOUNDS_SQL.format(bounds=BOUNDS, steps=steps), {"times": [int(t) for t in times]})
-    return int(con.execute(f"SELECT count(*) FROM {BOUNDS}").fetchone()[0])
+    row = con.execute(f"SELECT count(*) FROM {BOUNDS}").fetchone()
+    assert row is not None  # an aggregate without GROUP BY returns one row
+    return int(row[0])
 
 
 def latest_only(table: str, select: str) -> str:

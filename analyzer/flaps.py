@@ -32,7 +32,7 @@ import pandas as pd
 
 from megascope.analyzer.episodes import runs
 from megascope.analyzer.event_pass import has_wait_spans
-from megascope.analyzer.findings import Finding, hosts_of, rank_list
+from megascope.analyzer.findings import Finding, Kind, hosts_of, rank_list
 from megascope.analyzer.layout import group_members
 from megascope.analyzer.peer_stats import (
     leave_one_out_median,
@@ -274,7 +274,7 @@ def _grouped(group: list[Finding], lo: int, hi: int, total: int, topology: pd.Da
     """One finding for the links of a boundary flagged together."""
     ranks = sorted({r for f in group for r in f.ranks})
     hosts = hosts_of(topology, ranks)
-    kind = "network_flap" if any(f.kind == "network_flap" for f in group) else "slow_link"
+    kind: Kind = "network_flap" if any(f.kind == "network_flap" for f in group) else "slow_link"
     extra_ms = float(np.median([f.evidence.get("extra_ms", 0.0) for f in group]))
     severity = float(np.median([f.severity for f in group]))
     steps = (min(f.steps[0] for f in group), max(f.steps[1] for f in group))

@@ -73,7 +73,7 @@ def warmup_steps(rs: pd.DataFrame, factor: float) -> list[int]:
     """Leading steps whose median step time exceeds `factor` x the run's median step time."""
     per_step = rs.groupby("step").step_time_s.median().sort_index()
     typical = float(per_step.median())
-    out = []
+    out: list[int] = []
     for step, value in per_step.items():
         if value <= factor * typical or len(out) >= len(per_step) // 4:
             break

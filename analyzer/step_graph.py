@@ -187,11 +187,11 @@ def topological_levels(g: StepGraph) -> np.ndarray:
     unit[coll] = n + g.instance[coll]
     unit = pd.factorize(unit)[0].astype(np.int64)
     n_units = int(unit.max()) + 1 if n else 0
-    src, dst = [g.prev], [np.arange(n)]
+    src_parts, dst_parts = [g.prev], [np.arange(n)]
     if g.wait_of is not None:
-        src.append(g.wait_of)
-        dst.append(np.arange(n))
-    src, dst = np.concatenate(src), np.concatenate(dst)
+        src_parts.append(g.wait_of)
+        dst_parts.append(np.arange(n))
+    src, dst = np.concatenate(src_parts), np.concatenate(dst_parts)
     keep = src >= 0
     edges = np.unique(np.stack([unit[src[keep]], unit[dst[keep]]], axis=1), axis=0).reshape(-1, 2)
     level = _kahn_levels(n_units, edges[:, 0], edges[:, 1])

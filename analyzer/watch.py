@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.report import json_safe
@@ -89,7 +90,7 @@ class Watcher:
         self.metrics: WatchMetrics | None = None
         self.follower: ProgressFollower | None = None
         self.segment_steps = SegmentSteps()
-        self.server = None
+        self.server: WSGIServer | None = None  # /metrics, when metrics_port is set
         self.sinks: list[Any] = [StdoutSink(out), JsonlSink(self.cfg.findings_file or self.path / FINDINGS_FILE)]
         if self.cfg.webhook:
             self.sinks.append(BackgroundSink("webhook", post_json(self.cfg.webhook), self.log))
@@ -182,6 +183,7 @@ class Watcher:
         progress = follower.progress()
         self.state.progress = progress
         m = self.metrics
+        assert m is not None  # _start() has set it
         m.dropped.set(progress.dropped_events)
         m.finished.set(1 if progress.finished else 0)
         step = progress.complete_step
@@ -195,7 +197,7 @@ class Watcher:
         self.state.analyzed_step, self.state.inflight = step, inflight
         for change in self.tracker.update(window.findings, step):
             self._send(change.event, change.finding, change.at_step)
-        self._window_metrics(window, step)
+        self._window_metrics(m, window, step)
         m.ticks.inc()
         m.lag.set(max(0.0, time.time() - max((_mtime(self.path / p) for p in new_segments), default=time.time())))
 
@@ -285,8 +287,7 @@ class Watcher:
                     self.metrics.errors.inc()
                 self.log(f"{type(sink).__name__} failed ({exc})")
 
-    def _window_metrics(self, window, step: int) -> None:
-        m = self.metrics
+    def _window_metrics(self, m: WatchMetrics, window, step: int) -> None:
         last = window.per_step[window.per_step.step == step]
         if len(last):
             row = last.iloc[0]
@@ -322,9 +323,9 @@ class Watcher:
                     names.extend(f"{table}/{folder.name}/{f.name}" for f in os.scandir(folder.path)
                                  if f.name.endswith(".parquet") and not f.name.startswith("."))
         inflight: list[tuple[str, float]] = []
-        folder = rd.inflight_dir(self.path)
-        if folder.is_dir():
-            inflight = [(f.name, f.stat().st_mtime) for f in os.scandir(folder) if f.name.endswith(".json")]
+        records = rd.inflight_dir(self.path)
+        if records.is_dir():
+            inflight = [(f.name, f.stat().st_mtime) for f in os.scandir(records) if f.name.endswith(".json")]
         return frozenset(names), frozenset(inflight)
 
 

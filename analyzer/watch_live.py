@@ -11,8 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
-from megascope.analyzer.findings import Finding
+from megascope.analyzer.findings import Finding, Kind
 
 FINDINGS_FILE = "findings.jsonl"
 """The watcher's default records file (analyzer/watch.py writes it as FINDINGS_FILE too)."""
@@ -36,7 +37,8 @@ class LiveFinding:
 
 
 def _finding(r: dict) -> Finding:
-    return Finding(str(r["kind"]), [int(x) for x in r["ranks"]], [str(h) for h in r.get("hosts") or []],
+    # the kind as the watcher wrote it (Finding.to_dict), not checked: one from a newer version still shows
+    return Finding(cast(Kind, str(r["kind"])), [int(x) for x in r["ranks"]], [str(h) for h in r.get("hosts") or []],
                    (int(r["steps"][0]), int(r["steps"][1])), float(r["severity"]), str(r["summary"]),
                    r.get("evidence") or {})
 

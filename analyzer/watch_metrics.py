@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import time
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
@@ -78,7 +79,7 @@ class WatchMetrics:
             counts[f.kind] = counts.get(f.kind, 0) + 1
             if f.kind in SCORED_KINDS:
                 for rank in f.ranks:
-                    label = (str(rank), f.kind)
+                    label: tuple[str, str] = (str(rank), f.kind)
                     scored[label] = max(scored.get(label, 0.0), float(f.severity))
         for kind, n in counts.items():
             self.open.labels(kind).set(n)
@@ -88,7 +89,7 @@ class WatchMetrics:
             self.score.labels(*label).set(value)
         self._scored = set(scored)
 
-    def serve(self, port: int, addr: str = "127.0.0.1"):
+    def serve(self, port: int, addr: str = "127.0.0.1") -> WSGIServer:
         """Start /metrics on addr:port (a daemon thread); returns the server (its .server_port)."""
         server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         return server

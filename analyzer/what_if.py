@@ -76,6 +76,7 @@ def replay(g: StepGraph, duration: np.ndarray, gap: np.ndarray, xfer: np.ndarray
             np.maximum.at(last, g.instance[c], issue[c])
             end[c] = last[g.instance[c]] + xfer[c]
         if w.size:  # a wait ends when its op does (an earlier level), or at once if the op already had
+            assert g.wait_of is not None  # waits are found only where wait_of is
             end[w] = np.maximum(issue[w], end[g.wait_of[w]])
     return end
 

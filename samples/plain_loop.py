@@ -45,8 +45,10 @@ def main() -> None:
                 with tracer.span("backward"):                               # trace
                     loss.backward()
             for param in model.parameters():  # data-parallel gradient average, traced by the wrapper
-                comm.all_reduce(param.grad, dist.group.WORLD, "dp", name="grad_all_reduce")
-                param.grad /= dist.get_world_size()
+                grad = param.grad
+                assert grad is not None  # every parameter took part in the backward
+                comm.all_reduce(grad, dist.group.WORLD, "dp", name="grad_all_reduce")
+                grad /= dist.get_world_size()  # in place: param.grad is this tensor
             with tracer.span("optimizer"):                                  # trace
                 opt.step()
                 opt.zero_grad()

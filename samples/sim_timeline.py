@@ -133,7 +133,8 @@ class Timeline:
             if f.kind == "late_launch" and f.active(step):
                 pause = np.where(mask[s], pause + f.ms / 1e3, pause)
         hiccup = self.rng.random(self.n) < self.noise.hiccup_prob
-        return pause + np.where(hiccup, self.rng.uniform(*self.noise.hiccup_s, size=self.n), 0.0)
+        lo, hi = self.noise.hiccup_s
+        return pause + np.where(hiccup, self.rng.uniform(lo, hi, size=self.n), 0.0)
 
     def _hang_now(self, s: int, step: int) -> np.ndarray:
         hang = np.zeros(self.n, dtype=bool)
@@ -159,7 +160,7 @@ class Timeline:
                 "rank": int(self.rank_table[s, j]), "step": step, "microbatch": microbatch, "op": op,
                 "group": group, "seq": seq, "peers": sorted(int(p[j]) if np.ndim(p) else int(p) for p in peers),
                 "bytes": nbytes, "since_s": float(since[j]),
-                "last_completed": self.logs[s].last_completed(j)})
+                "last_completed": self.logs[s].last_completed(int(j))})
         self.alive[s] = self.alive[s] & ~newly
 
     def _collective(self, s: int, step: int, name: str, group: str, nbytes: int, base_s: float,

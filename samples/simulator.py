@@ -159,7 +159,7 @@ class _SegmentWriter:
         for s in range(cfg.pp):
             for j in range(self.table.shape[1]):
                 keep = alive[:, s, j]
-                cols = {
+                cols: dict[str, np.ndarray] = {
                     "rank": np.full(len(steps), self.table[s, j], dtype=np.int32), "step": step_arr,
                     "start_ns": START_NS + np.rint(start[:, s, j] * 1e9).astype(np.int64),
                     "end_ns": START_NS + np.rint(end[:, s, j] * 1e9).astype(np.int64),

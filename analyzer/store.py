@@ -328,7 +328,7 @@ class Store:
         self.run_with_retry(lambda: self.con.execute(sql, params or {}))
 
     def arrow(self, sql: str, params: dict | list | None = None) -> pa.Table:
-        return self.run_with_retry(lambda: self.con.execute(sql, params or {}).arrow())
+        return self.run_with_retry(lambda: self.con.execute(sql, params or {}).to_arrow_table())
 
 
 def _segment_order(path: str) -> tuple[int, str]:

@@ -129,7 +129,7 @@ def _save(store: Store, folder: Path, manifest: dict | None, timeline: bool, fir
                 parts.append(part)
             elif part["first"] < first:  # the part straddling the first rebuilt step: keep its older rows
                 parts.append(_write_part(store, "SELECT * FROM read_parquet($files) WHERE step < $first", folder,
-                                         {"files": [str(folder / part["file"])], "first": int(first)}))
+                                         {"files": [str(folder / part["file"])], "first": first}))
         parts.append(_write_part(store, "SELECT * FROM _summary_rows", folder))
         if len(parts) > MAX_PARTS:
             parts = [_write_part(store, "SELECT * FROM read_parquet($files)", folder,
@@ -138,11 +138,11 @@ def _save(store: Store, folder: Path, manifest: dict | None, timeline: bool, fir
     except OSError as exc:
         store.warnings.append(f"could not save the rank-step summary in {folder} ({exc.strerror or exc}); "
                               "it is kept in memory for this session")
-        if first is not None:  # the older rows come from the parts still on disk
+        if first is not None and manifest is not None:  # the older rows come from the parts still on disk
             store.execute("""CREATE OR REPLACE TEMP TABLE _summary_rows AS
                 SELECT * FROM read_parquet($files) WHERE step < $first
                 UNION ALL BY NAME SELECT * FROM _summary_rows""",
-                          {"files": [str(folder / p["file"]) for p in manifest["parts"]], "first": int(first)})
+                          {"files": [str(folder / p["file"]) for p in manifest["parts"]], "first": first})
         store.execute(f"CREATE OR REPLACE TEMP VIEW {SUMMARY_VIEW} AS SELECT * FROM _summary_rows")
         return SummaryState("memory", None, first)
     store.execute("DROP TABLE IF EXISTS _summary_rows")

@@ -1,8 +1,11 @@
-"""Checkpoint cost on this machine: the training stall per save, two-stage (host snapshot, background
-write) against a plain synchronous save of the same state; then the time from a failure to resumed
-training through the real `megascope train` (crash injection, elastic restart, checkpoint resume).
+"""Checkpoint cost on this machine: the training stall per save of the two checkpoint formats side by
+side, the two-stage snapshot (host copy, background torch.save of one file per shard) and DCP
+(torch.distributed.checkpoint: the same host copy into reused buffers, then dcp.async_save; reshardable
+across dp, to a path or an fsspec URL), with a plain synchronous torch.save of the same state as the
+baseline; then the time from a failure to resumed training through the real `megascope train` (crash
+injection, elastic restart, checkpoint resume; the default format).
 
-    python benchmarks/checkpoint_stall.py [--preset small] [--saves 4]
+    python benchmarks/checkpoint_stall.py [--preset small] [--saves 4] [--no-recovery]
 """
 
 from __future__ import annotations
@@ -40,7 +43,12 @@ def _rank_main(rank: int, world: int, port: int, preset: str, run_dir: str, mode
     dims = ParallelDims(world, 1, 1)
     dims.build_groups()
     state = parallelize(cfg, dims, torch.device("cpu"), Faults([], rank))
-    manager = CheckpointManager(cfg, dims, rank, torch.device("cpu"), mode=mode)
+    if mode == "dcp":
+        from megascope.trainer.checkpoint_dcp import DcpCheckpointManager
+
+        manager = DcpCheckpointManager(cfg, dims, rank, torch.device("cpu"))
+    else:
+        manager = CheckpointManager(cfg, dims, rank, torch.device("cpu"), mode=mode)
     loader = build_loader(cfg, dims, rank, torch.device("cpu"))
     step_s, every = [], 2
     try:
@@ -116,16 +124,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="small")
     parser.add_argument("--saves", type=int, default=4)
+    parser.add_argument("--no-recovery", action="store_true", help="only the stall table")
     args = parser.parse_args()
     print(f"## Training stall per checkpoint ({args.preset} preset, dp=2 ZeRO, gloo on CPU; "
           "median over ranks x saves)\n")
     print("| save | state per rank (MiB) | stall median (ms) | stall max (ms) | persist (ms) | step (ms) |")
     print("|---|---|---|---|---|---|")
-    for mode in ("async", "sync"):
+    names = {"async": "snapshot: two-stage (host copy + background torch.save)",
+             "dcp": "dcp: host copy + dcp.async_save (reshardable)",
+             "sync": "baseline: plain synchronous torch.save"}
+    for mode in ("async", "dcp", "sync"):
         r = measure_stall(args.preset, mode, args.saves)
-        name = "two-stage (snapshot + background write)" if mode == "async" else "plain synchronous torch.save"
-        print(f"| {name} | {r['mb_per_rank']:.1f} | {r['stall_ms']:.1f} | {r['stall_max_ms']:.1f} | "
+        print(f"| {names[mode]} | {r['mb_per_rank']:.1f} | {r['stall_ms']:.1f} | {r['stall_max_ms']:.1f} | "
               f"{r['write_ms']:.1f} | {r['step_ms']:.1f} |")
+    if args.no_recovery:
+        return
     print("\n## Failure to resumed training (tiny preset, dp=2 pp=2, checkpoint every 2 steps, one elastic restart)\n")
     print("| fault | detected as | detection -> restarted group (s) | detection -> first resumed step done (s) "
           "| whole job (s) |")

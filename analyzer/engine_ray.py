@@ -17,6 +17,7 @@ megascope installed (`pip install 'megascope[ray]'`).
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +29,11 @@ class EngineError(RuntimeError):
     """Ray is missing or the cluster cannot be reached; the message says what to do."""
 
 
-def _ray():
+def _ray(local: bool = False):
+    if local and "ray" not in sys.modules:
+        # a Ray started here serves this process only: single-machine mode binds every Ray process to
+        # 127.0.0.1 instead of the host's address (read when ray is imported)
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
     try:
         import ray
     except ImportError:
@@ -58,7 +63,7 @@ class RayEngine:
     CPUs and DuckDB threads each), on the cluster at `address` (None: start a local one)."""
 
     def __init__(self, address: str | None = None, cpus_per_task: int = 1) -> None:
-        ray = _ray()
+        ray = _ray(local=not address)
         self.cpus_per_task = cpus_per_task
         if not ray.is_initialized():
             try:

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -30,6 +31,9 @@ import torch
 from megascope.tracer import comm
 from megascope.trainer.config import JobConfig
 from megascope.trainer.parallel_dims import ParallelDims
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 DEFAULT_CORPUS_BYTES = 4 << 20
 """Size of the built-in corpus: the first 4 MiB of stdlib sources in sorted path order."""
@@ -150,7 +154,7 @@ class BatchLoader:
     for it (queue + copy + tp broadcast: the tracer's data_wait). Steps run from `start_step` on."""
 
     def __init__(self, sampler: BatchSampler, tokens: np.ndarray | None, device: torch.device,
-                 prefetch: int = 2, start_step: int = 0, tp_group: object | None = None,
+                 prefetch: int = 2, start_step: int = 0, tp_group: ProcessGroup | None = None,
                  tp_src: int = 0) -> None:
         self.sampler = sampler
         self.tokens = tokens
@@ -169,6 +173,7 @@ class BatchLoader:
             self._thread.start()
 
     def _make(self, step: int) -> torch.Tensor:
+        assert self.tokens is not None  # called only when reads_data
         batch = torch.from_numpy(self.sampler.batch(self.tokens, step))
         return batch.pin_memory() if self._pin else batch
 

@@ -139,17 +139,19 @@ class DistributedOptimizer:
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         slot = self._slots[id(param)]
         if slot.copy_grad:
-            param.main_grad.add_(param.grad)
+            getattr(param, "main_grad").add_(param.grad)  # the view grad_buckets attached
             param.grad = None
-        chunk = self.chunks[slot.bucket.chunk]
+        bucket = slot.bucket
+        assert bucket is not None  # ChunkBuffers binds every slot to its bucket
+        chunk = self.chunks[bucket.chunk]
         if not chunk.sync_enabled:
             return
-        if slot.bucket.launched:
+        if bucket.launched:
             raise RuntimeError(
                 "a gradient arrived for a bucket whose dp reduction was already launched this step; "
                 "call opt.set_sync(False) before every micro-batch but the last, and opt.zero_grad() "
                 "at the start of each step")
-        slot.bucket.pending.discard(id(param))
+        bucket.pending.discard(id(param))
         self._launch_ready(chunk)
 
     def _launch_ready(self, chunk: ChunkBuffers, force: bool = False) -> None:
@@ -253,9 +255,9 @@ class DistributedOptimizer:
             prefetched = set(chunk.buckets[-PREFETCH_BUCKETS:])
             for module in chunk.module.modules():
                 needed = {self._slots[id(p)].bucket for p in module.parameters() if id(p) in self._slots}
-                needed &= prefetched
-                if needed:
-                    handles.append(module.register_forward_pre_hook(_waiter(list(needed))))
+                waits = [b for b in prefetched if b in needed]
+                if waits:
+                    handles.append(module.register_forward_pre_hook(_waiter(waits)))
         return handles
 
     # ---------------------------------------------------------------- checkpointing

@@ -15,11 +15,18 @@ pipeline's all-reduce of their gradients can run after the dp reduce-scatter (Me
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 FP32_BYTES = 4
+
+
+class Waitable(Protocol):
+    """What an async collective hands back: a torch.distributed Work, or the tracer's wrapper of one."""
+
+    def wait(self) -> Any: ...
 
 
 @dataclass(eq=False)
@@ -57,8 +64,8 @@ class Bucket:
     # per-step state
     pending: set[int] = field(default_factory=set)
     launched: bool = False
-    grad_work: object | None = None
-    gather_work: object | None = None
+    grad_work: Waitable | None = None
+    gather_work: Waitable | None = None
 
     @property
     def numel(self) -> int:
@@ -141,7 +148,7 @@ class ChunkBuffers:
         pos = 0
         for group in group_into_buckets(params, bucket_bytes):
             start = pos
-            slots = []
+            slots: list[ParamSlot] = []
             for p in group:
                 slots.append(ParamSlot(p, first_index + len(self.slots) + len(slots), pos))
                 pos += p.numel()
@@ -166,17 +173,20 @@ class ChunkBuffers:
         data = self.param_buffer[slot.offset:slot.offset + n].view_as(p)
         data.copy_(p.data)
         p.data = data
-        p.main_grad = self.grad_buffer[slot.offset:slot.offset + n].view_as(p)
+        main_grad = self.grad_buffer[slot.offset:slot.offset + n].view_as(p)
+        setattr(p, "main_grad", main_grad)  # a Parameter attribute, as Megatron's (torch declares none)
         slot.copy_grad = p.dtype != torch.float32
         # fp32 params: autograd adds into an existing .grad in place, so .grad IS the buffer view
-        p.grad = None if slot.copy_grad else p.main_grad
+        p.grad = None if slot.copy_grad else main_grad
 
     def rebind_grads(self) -> None:
         """Point .grad back at the buffer (after someone set it to None) and zero the buffer."""
         self.grad_buffer.zero_()
         for slot in self.slots:
-            if not slot.copy_grad and slot.param.grad is not slot.param.main_grad:
-                slot.param.grad = slot.param.main_grad
+            if not slot.copy_grad:
+                main_grad = getattr(slot.param, "main_grad")
+                if slot.param.grad is not main_grad:
+                    slot.param.grad = main_grad
         for bucket in self.buckets:
             bucket.reset()
         self.next_to_launch = 0

@@ -11,6 +11,7 @@ sequence parallelism and s otherwise; logits [b, s, vocab_local] (vocab / tp und
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +48,7 @@ class Attention(nn.Module):
         super().__init__()
         self.head_dim = cfg.hidden // cfg.n_heads
         self.qkv = nn.Linear(cfg.hidden, 3 * cfg.hidden)
-        self.core = AttentionCore(cfg.window)
+        self.core: nn.Module = AttentionCore(cfg.window)  # replaceable (Block.attention_core)
         self.proj = nn.Linear(cfg.hidden, cfg.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -75,9 +76,10 @@ class MLP(nn.Module):
 def linear_without_bias(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """x W^T without the layer's bias; tensor-parallel layers provide their own `forward_without_bias`
     (which also does their communication)."""
-    if hasattr(layer, "forward_without_bias"):
-        return layer.forward_without_bias(x)
-    return F.linear(x, layer.weight)
+    forward_without_bias = getattr(layer, "forward_without_bias", None)
+    if forward_without_bias is not None:
+        return forward_without_bias(x)
+    return F.linear(x, cast(torch.Tensor, layer.weight))  # an nn.Linear's weight
 
 
 class Block(nn.Module):
@@ -97,10 +99,12 @@ class Block(nn.Module):
         """The parameter-free attention core (the selective-recomputation target)."""
         return self.attn.core
 
-    def __setattr__(self, name: str, value: object) -> None:
+    def __setattr__(self, name: str, value: torch.Tensor | nn.Module) -> None:
         # nn.Module.__setattr__ would register an assigned module under the name "attention_core"
         # instead of calling a property setter; route it to the attention's core explicitly.
         if name == "attention_core":
+            if not isinstance(value, nn.Module):
+                raise TypeError(f"attention_core takes a module, got {type(value).__name__}")
             self.attn.core = value
             return
         super().__setattr__(name, value)
@@ -110,6 +114,7 @@ class Block(nn.Module):
             y = self.ln_1(x)
             return x + self.attn(y) + self.mlp(y)
         x = x + self.attn(self.ln_1(x))
+        assert self.ln_2 is not None  # present unless parallel_block
         return x + self.mlp(self.ln_2(x))
 
 

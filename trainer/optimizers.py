@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from megascope.tracer import comm
+
+if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
 
 ADAMW_EPS = 1e-8  # torch.optim.AdamW's default
 LAMB_EPS = 1e-6   # You et al. 2019 / NVIDIA apex FusedLAMB default
@@ -102,7 +105,7 @@ class Lamb(AdamW):
     """
 
     def __init__(self, layout: ShardLayout, betas: tuple[float, float], weight_decay: float,
-                 eps: float = LAMB_EPS, dp_group: object | None = None, tp_group: object | None = None,
+                 eps: float = LAMB_EPS, dp_group: ProcessGroup | None = None, tp_group: ProcessGroup | None = None,
                  before_dp_collective: Callable[[], None] | None = None) -> None:
         super().__init__(layout, betas, weight_decay, eps)
         self.dp_group = dp_group
@@ -145,7 +148,7 @@ class Lamb(AdamW):
 
 
 def build_optimizer(name: str, layout: ShardLayout, betas: tuple[float, float], weight_decay: float,
-                    dp_group: object | None = None, tp_group: object | None = None,
+                    dp_group: ProcessGroup | None = None, tp_group: ProcessGroup | None = None,
                     before_dp_collective: Callable[[], None] | None = None) -> AdamW:
     """`name` is TrainConfig.optimizer: adamw or lamb. dp_group: set when the shard is a ZeRO slice."""
     if name == "adamw":

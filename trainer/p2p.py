@@ -22,12 +22,16 @@ sequence, so it sends exactly that and there is nothing left to scatter.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
 from megascope.tracer import comm
 from megascope.trainer.parallel_dims import ParallelDims
+
+if TYPE_CHECKING:
+    from megascope.trainer.faults import Faults
 
 FORWARD, BACKWARD = "forward", "backward"
 
@@ -44,7 +48,7 @@ class PipeComm:
     """Sends and receives of one rank's stage boundary tensors ([micro_batch, s_local, h])."""
 
     def __init__(self, dims: ParallelDims, rank: int, shape: tuple[int, ...], dtype: torch.dtype,
-                 device: torch.device, scatter_gather: bool, faults: object | None = None) -> None:
+                 device: torch.device, scatter_gather: bool, faults: Faults | None = None) -> None:
         c = dims.coords(rank)
         self.group = dims.groups["pp"]
         self.tp_group = dims.groups["tp"]

@@ -28,7 +28,7 @@ class ParallelDims:
     tp: int
     pp: int
     vpp: int = 1
-    groups: dict[str, object] = field(default_factory=dict, repr=False)
+    groups: dict[str, dist.ProcessGroup | None] = field(default_factory=dict, repr=False)
     """Process groups of *this* rank by name: tp, dp, pp, mp (tp x pp), world; filled by build_groups."""
 
     @cached_property

@@ -114,13 +114,13 @@ def _untie_last_stage(chunks: list[PipelineChunk]) -> None:
     """Give the last stage its own copy of the tied weight (the embedding lives on another rank)."""
     for chunk in chunks:
         if chunk.placement.is_first:
-            chunk.embed.weight.shared_embedding = True
+            setattr(chunk.embed.weight, "shared_embedding", True)  # a Parameter attribute (see tp_layers)
         if chunk.placement.is_last:
             shared = chunk.lm_head.weight
             copy = nn.Parameter(shared.detach().clone(), requires_grad=shared.requires_grad)
             copy.__dict__.update(shared.__dict__)  # tp_sharded, tp_shard_dim, ...
-            copy.shared_embedding = True
-            copy.norm_owner = False  # the first stage's copy is the one the global norm counts
+            setattr(copy, "shared_embedding", True)
+            setattr(copy, "norm_owner", False)  # the first stage's copy is the one the global norm counts
             chunk.lm_head.weight = copy
 
 

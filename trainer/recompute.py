@@ -22,6 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from megascope.trainer.config import RECOMPUTE_MODES
+from megascope.trainer.model import Block
 
 MODES = RECOMPUTE_MODES  # parallel.recompute's choices (config.Recompute)
 
@@ -41,7 +42,7 @@ def apply_recompute(chunks: list[nn.Module], mode: str) -> int:
     return wrapped
 
 
-def _blocks(chunk: nn.Module) -> list[nn.Module]:
+def _blocks(chunk: nn.Module) -> list[Block]:
     blocks = getattr(chunk, "blocks", None)
     if blocks is None:
         raise TypeError(f"{type(chunk).__name__} has no `blocks`; recomputation wraps transformer blocks")
@@ -60,4 +61,4 @@ def _checkpoint_forward(module: nn.Module) -> None:
         return checkpoint(inner, *args, use_reentrant=False, **kwargs)
 
     module.forward = forward
-    module._recomputed = True
+    setattr(module, "_recomputed", True)  # a marker on the module instance (nn.Module declares none)

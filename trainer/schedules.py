@@ -13,6 +13,7 @@ from megascope.trainer.p2p import message_tag
 from megascope.trainer.schedule_order import BACKWARD, FORWARD, Action
 
 if TYPE_CHECKING:
+    from megascope.trainer.faults import Faults
     from megascope.trainer.p2p import PipeComm
 
 
@@ -28,7 +29,7 @@ class ScheduleExecutor:
 
     def __init__(self, chunks: list, pipe: "PipeComm | None", pp: int, stage: int, n_micro: int,
                  set_grad_sync: Callable[[int, bool], None] | None = None,
-                 faults: object | None = None, autocast: Callable[[], ContextManager] | None = None,
+                 faults: Faults | None = None, autocast: Callable[[], ContextManager] | None = None,
                  device_sync: Callable[[], None] | None = None) -> None:
         self.chunks, self.pipe, self.pp, self.stage, self.n_micro = chunks, pipe, pp, stage, n_micro
         self.set_grad_sync = set_grad_sync
@@ -59,6 +60,10 @@ class ScheduleExecutor:
             raise RuntimeError(f"schedule left {len(self._saved)} forwards without a backward: {self._saved.keys()}")
         return self._loss_sum
 
+    def _pipe(self) -> PipeComm:
+        assert self.pipe is not None, "a stage with pipeline neighbours has a PipeComm"
+        return self.pipe
+
     def _placement(self, chunk: int):
         return self.chunks[chunk].placement
 
@@ -78,12 +83,14 @@ class ScheduleExecutor:
     def _forward(self, a: Action, pending, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> None:
         chunk, p = self.chunks[a.chunk], self._placement(a.chunk)
         if p.is_first:
+            assert tokens is not None, "the first stage is given the tokens"
             x = tokens[a.microbatch]
         else:
-            x = self.pipe.wait(pending).requires_grad_()
+            x = self._pipe().wait(pending).requires_grad_()
         with _compute_span("forward"), self._stretch(), self.autocast():
             out = chunk(x)
             if p.is_last:
+                assert targets is not None, "the last stage is given the targets"
                 # 1/m: the accumulated gradient is the mean over micro-batches, as in one big batch
                 out = chunk.loss(out, targets[a.microbatch]) / self.n_micro
         self._saved[(a.chunk, a.microbatch)] = (x, out)
@@ -91,18 +98,20 @@ class ScheduleExecutor:
             loss = out.detach()
             self._loss_sum = loss if self._loss_sum is None else self._loss_sum + loss
         else:
-            self.pipe.send(out, "forward", message_tag(p.virtual_stage + 1, a.microbatch, self.n_micro, "forward"))
+            self._pipe().send(out, "forward", message_tag(p.virtual_stage + 1, a.microbatch, self.n_micro, "forward"))
 
     def _backward(self, a: Action, pending) -> None:
         p = self._placement(a.chunk)
         x, out = self._saved.pop((a.chunk, a.microbatch))
-        grad = None if p.is_last else self.pipe.wait(pending)
+        grad = None if p.is_last else self._pipe().wait(pending)
         if self.set_grad_sync is not None:  # the data-parallel reduction runs on a chunk's last micro-batch
             self.set_grad_sync(a.chunk, a.microbatch == self.n_micro - 1)
         with _compute_span("backward"), self._stretch():
             torch.autograd.backward(out, grad_tensors=grad)
         if not p.is_first:
-            self.pipe.send(x.grad, "backward", message_tag(p.virtual_stage - 1, a.microbatch, self.n_micro, "backward"))
+            assert x.grad is not None  # x is a received activation, made to require grad in _forward
+            tag = message_tag(p.virtual_stage - 1, a.microbatch, self.n_micro, "backward")
+            self._pipe().send(x.grad, "backward", tag)
 
     def _stretch(self) -> ContextManager:
         if self.faults is None:

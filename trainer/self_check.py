@@ -123,7 +123,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)  # note: this is a CPU-GPU sync point (bandwidth timing)
 
 
-def allreduce_busbw(group: object, world: int, device: torch.device, nbytes: int, repeats: int = 3) -> float:
+def allreduce_busbw(group: dist.ProcessGroup | None, world: int, device: torch.device, nbytes: int,
+                    repeats: int = 3) -> float:
     """Bus bandwidth (GB/s) of a world all-reduce: 2(n-1)/n * bytes / time, best of `repeats`."""
     buf = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     best = float("inf")

@@ -63,6 +63,7 @@ def _reported_loss(state: TrainState, loss_sum: torch.Tensor | None) -> float:
     coords = dims.coords(state.rank)
     value = torch.full((1,), math.nan, dtype=torch.float32, device=state.device)
     if state.is_last_stage:
+        assert loss_sum is not None  # the schedule returns the loss on the last stage
         value.copy_(loss_sum.float().reshape(1))
         comm.all_reduce(value, dims.groups["dp"], "dp", name="loss_all_reduce")
         value.div_(dims.dp)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megascope.tracer import comm
-from megascope.trainer.model import GPT
+from megascope.trainer.model import GPT, Block
 from megascope.trainer.parallel_dims import ParallelDims
 from megascope.trainer.tp_layers import (
     ColumnParallelLinear,
@@ -45,23 +45,27 @@ def apply_tp(model: GPT, dims: ParallelDims, sequence_parallel: bool) -> None:
     _check_divisible(model, dims.tp, sequence_parallel)
     group, sp = dims.groups["tp"], sequence_parallel
     tied = model.lm_head.weight is model.embed.weight
-    model.embed = VocabParallelEmbedding(model.embed, group, sp)
+    # Each layer is swapped for its parallel version with setattr (as torch's parallelize_module does):
+    # the model declares its attributes with the plain layers' types.
+    embed = VocabParallelEmbedding(model.embed, group, sp)
+    setattr(model, "embed", embed)
     if sp:
         model.pos = SequenceParallelPositions(model.pos, group)
     for block in model.blocks:
-        block.attn.qkv = ColumnParallelLinear.from_full(block.attn.qkv, group, sp, "attn.qkv")
-        block.attn.proj = RowParallelLinear.from_full(block.attn.proj, group, sp, "attn.proj")
-        block.mlp.fc1 = ColumnParallelLinear.from_full(block.mlp.fc1, group, sp, "mlp.fc1")
-        block.mlp.fc2 = RowParallelLinear.from_full(block.mlp.fc2, group, sp, "mlp.fc2")
+        assert isinstance(block, Block)
+        setattr(block.attn, "qkv", ColumnParallelLinear.from_full(block.attn.qkv, group, sp, "attn.qkv"))
+        setattr(block.attn, "proj", RowParallelLinear.from_full(block.attn.proj, group, sp, "attn.proj"))
+        setattr(block.mlp, "fc1", ColumnParallelLinear.from_full(block.mlp.fc1, group, sp, "mlp.fc1"))
+        setattr(block.mlp, "fc2", RowParallelLinear.from_full(block.mlp.fc2, group, sp, "mlp.fc2"))
         for norm in (block.ln_1, block.ln_2):
             if norm is not None:
                 _mark_norm(norm, sp)
     _mark_norm(model.norm_f, sp)
     if tied:  # the head's weight is the vocab-parallel embedding shard itself
-        model.lm_head = ColumnParallelLinear(model.embed.weight, None, group, sp)
+        setattr(model, "lm_head", ColumnParallelLinear(embed.weight, None, group, sp))
     else:
-        model.lm_head = ColumnParallelLinear.from_full(model.lm_head, group, sp, "lm_head (vocab_size)")
-    model.loss_fn = VocabParallelCrossEntropy(group)
+        setattr(model, "lm_head", ColumnParallelLinear.from_full(model.lm_head, group, sp, "lm_head (vocab_size)"))
+    setattr(model, "loss_fn", VocabParallelCrossEntropy(group))
     _mark_norm_owners(model, dist.get_rank(group))
 
 
@@ -92,7 +96,7 @@ def full_tensor(shard: torch.Tensor, param: nn.Parameter, dims: ParallelDims) ->
     rank; returns `shard` itself for replicated parameters. A collective: every tp rank must call it."""
     if not getattr(param, "tp_sharded", False) or dims.tp == 1:
         return shard
-    return all_gather_along(shard.detach(), dims.groups["tp"], param.tp_shard_dim, "tp_unshard")
+    return all_gather_along(shard.detach(), dims.groups["tp"], getattr(param, "tp_shard_dim"), "tp_unshard")
 
 
 def _mark_norm(norm: nn.Module, sequence_parallel: bool) -> None:
@@ -102,7 +106,7 @@ def _mark_norm(norm: nn.Module, sequence_parallel: bool) -> None:
 
 def _mark_norm_owners(model: nn.Module, tp_rank: int) -> None:
     for p in model.parameters():
-        p.norm_owner = bool(getattr(p, "tp_sharded", False)) or tp_rank == 0
+        setattr(p, "norm_owner", bool(getattr(p, "tp_sharded", False)) or tp_rank == 0)
 
 
 def _check_divisible(model: GPT, tp: int, sequence_parallel: bool) -> None:

@@ -19,27 +19,28 @@ from megascope.trainer import tp_mappings
 from megascope.trainer.model import PositionEmbedding
 
 
-def _shard(full: torch.Tensor, group: object, dim: int, what: str) -> nn.Parameter:
+def _shard(full: torch.Tensor, group: dist.ProcessGroup | None, dim: int, what: str) -> nn.Parameter:
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     if full.shape[dim] % size:
         raise ValueError(f"{what}: dim {dim} of size {full.shape[dim]} is not divisible by tp={size}")
     shard = nn.Parameter(full.detach().chunk(size, dim=dim)[rank].clone())
-    shard.tp_sharded = True
-    shard.tp_shard_dim = dim  # where the shards concatenate back (checkpoints, tests)
+    # attributes attached to the Parameter (as Megatron does), hence setattr: torch types declare none of them
+    setattr(shard, "tp_sharded", True)
+    setattr(shard, "tp_shard_dim", dim)  # where the shards concatenate back (checkpoints, tests)
     return shard
 
 
 def _replicated(param: nn.Parameter, partial_grad: bool) -> nn.Parameter:
-    param.tp_sharded = False
+    setattr(param, "tp_sharded", False)
     if partial_grad:
-        param.tp_grad_allreduce = True
+        setattr(param, "tp_grad_allreduce", True)
     return param
 
 
 class _ParallelLinear(nn.Module):
     """A linear layer holding this rank's shard of the weight (and its bias, sharded or not)."""
 
-    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, group: object,
+    def __init__(self, weight: nn.Parameter, bias: nn.Parameter | None, group: dist.ProcessGroup | None,
                  sequence_parallel: bool) -> None:
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
@@ -55,7 +56,7 @@ class ColumnParallelLinear(_ParallelLinear):
     The output stays split along its last dim (no gather)."""
 
     @classmethod
-    def from_full(cls, full: nn.Linear, group: object, sequence_parallel: bool,
+    def from_full(cls, full: nn.Linear, group: dist.ProcessGroup | None, sequence_parallel: bool,
                   what: str = "linear") -> "ColumnParallelLinear":
         bias = _shard(full.bias, group, 0, what) if full.bias is not None else None
         return cls(_shard(full.weight, group, 0, what), bias, group, sequence_parallel)
@@ -80,7 +81,7 @@ class RowParallelLinear(_ParallelLinear):
     parallelism, else all-reduced; the replicated bias is added after the reduction (once)."""
 
     @classmethod
-    def from_full(cls, full: nn.Linear, group: object, sequence_parallel: bool,
+    def from_full(cls, full: nn.Linear, group: dist.ProcessGroup | None, sequence_parallel: bool,
                   what: str = "linear") -> "RowParallelLinear":
         # Under SP the bias sees only this rank's s/tp tokens: its gradient is partial.
         bias = _replicated(full.bias, sequence_parallel) if full.bias is not None else None
@@ -100,7 +101,7 @@ class VocabParallelEmbedding(nn.Module):
     (zeros elsewhere), and the partial embeddings are summed: all-reduce, or reduce-scatter along
     the sequence so the output is already in the sequence-parallel layout [b, s/tp, h]."""
 
-    def __init__(self, full: nn.Embedding, group: object, sequence_parallel: bool) -> None:
+    def __init__(self, full: nn.Embedding, group: dist.ProcessGroup | None, sequence_parallel: bool) -> None:
         super().__init__()
         self.group, self.sequence_parallel = group, sequence_parallel
         self.weight = _shard(full.weight, group, 0, "embedding (vocab_size)")
@@ -119,7 +120,7 @@ class VocabParallelEmbedding(nn.Module):
 class SequenceParallelPositions(PositionEmbedding):
     """The same (replicated) position table; this rank's tokens start at rank * s/tp."""
 
-    def __init__(self, full: PositionEmbedding, group: object) -> None:
+    def __init__(self, full: PositionEmbedding, group: dist.ProcessGroup | None) -> None:
         nn.Module.__init__(self)
         self.group = group
         self.weight = _replicated(full.weight, partial_grad=True)
@@ -133,7 +134,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
     target logit and the softmax denominator are reduced over the tp group; logits never gathered."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, group: object) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
         vocab_local = logits.shape[-1]
         start = dist.get_rank(group) * vocab_local
         row_max = tp_mappings.all_reduce_tp(logits.max(dim=-1).values, group, "ce_all_reduce_max", ReduceOp.MAX)
@@ -160,7 +161,7 @@ class _VocabParallelCrossEntropy(torch.autograd.Function):
 class VocabParallelCrossEntropy(nn.Module):
     """Mean token cross-entropy of [b, s, V/tp] logits against full [b, s] targets."""
 
-    def __init__(self, group: object) -> None:
+    def __init__(self, group: dist.ProcessGroup | None) -> None:
         super().__init__()
         self.group = group
 

@@ -1,5 +1,7 @@
-"""Hang culprits from the in-flight records (RUN/inflight/rank=NNNNN.json, written by each rank's
-watchdog when a collective or p2p op stays in flight too long).
+"""Hang culprits from the in-flight records (RUN/inflight/rank=NNNNN.json: each rank's watchdog
+publishes one in the job's control store when a collective or p2p op stays in flight too long, and
+rank 0's watchdog or `megascope train`'s supervisor copies them here; without a store each rank writes
+its own file). Offline: only the run directory is read.
 
 Wait-for graph: a waiting rank points at the peers of its stuck op that never arrived there (a peer
 stuck in a different op, or one that wrote no record). The suspects are the ranks at the end of those

@@ -109,7 +109,9 @@ class DcpCheckpointManager:
         if dims.dp > 1:
             from torch.distributed.device_mesh import DeviceMesh
 
-            self._mesh = DeviceMesh.from_group(dims.groups["dp"], device.type)
+            # a CPU mesh whatever the training device: the DTensors wrap host buffers (DTensor.from_local
+            # would move them to a CUDA mesh's device); DCP only reads its coordinates, never communicates
+            self._mesh = DeviceMesh.from_group(dims.groups["dp"], "cpu")
             self._dtensor(torch.empty(0, device="cpu"), 0)  # the first DTensor imports torch._dynamo (~1 s): now
         self._pending: Future | None = None
         self._buffers: dict[str, torch.Tensor] = {}

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed import ReduceOp
+from torch.distributed import ProcessGroup, ReduceOp
 
 from megascope.tracer import api
 from megascope.tracer.comm_spans import abort, finish, tensor_bytes
@@ -34,11 +34,11 @@ _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_sc
 _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
-def _size(group: object) -> int:
+def _size(group: ProcessGroup | None) -> int:
     return dist.get_world_size(group)
 
 
-def _collective(call: Any, tensor: torch.Tensor, nbytes: int, group: object, group_name: str,
+def _collective(call: Any, tensor: torch.Tensor, nbytes: int, group: ProcessGroup | None, group_name: str,
                 name: str, members: list[int] | None, async_op: bool) -> Any:
     """Issue `call()` traced as the next collective of this rank in `group_name`."""
     tracer = api._active
@@ -55,7 +55,7 @@ def _collective(call: Any, tensor: torch.Tensor, nbytes: int, group: object, gro
     return finish([op], work if async_op else None, tensor.is_cuda)
 
 
-def all_reduce(tensor: torch.Tensor, group: object, group_name: str, op: ReduceOp = ReduceOp.SUM,
+def all_reduce(tensor: torch.Tensor, group: ProcessGroup | None, group_name: str, op: ReduceOp.RedOpType = ReduceOp.SUM,
                async_op: bool = False, name: str = "all_reduce", members: list[int] | None = None):
     if _size(group) == 1:
         return None
@@ -63,8 +63,8 @@ def all_reduce(tensor: torch.Tensor, group: object, group_name: str, op: ReduceO
                        tensor, tensor_bytes(tensor), group, group_name, name, members, async_op)
 
 
-def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, group: object, group_name: str,
-                          op: ReduceOp = ReduceOp.SUM, async_op: bool = False,
+def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, group: ProcessGroup | None, group_name: str,
+                          op: ReduceOp.RedOpType = ReduceOp.SUM, async_op: bool = False,
                           name: str = "reduce_scatter", members: list[int] | None = None):
     """bytes = the input (the whole tensor being reduced), the NCCL-tests convention."""
     if _size(group) == 1:
@@ -74,7 +74,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, group: obje
                        input, tensor_bytes(input), group, group_name, name, members, async_op)
 
 
-def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: object, group_name: str,
+def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: ProcessGroup | None, group_name: str,
                            async_op: bool = False, name: str = "all_gather",
                            members: list[int] | None = None):
     """bytes = the output (the whole gathered tensor), the NCCL-tests convention."""
@@ -85,7 +85,7 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: obj
                        output, tensor_bytes(output), group, group_name, name, members, async_op)
 
 
-def broadcast(tensor: torch.Tensor, src: int, group: object, group_name: str, async_op: bool = False,
+def broadcast(tensor: torch.Tensor, src: int, group: ProcessGroup | None, group_name: str, async_op: bool = False,
               name: str = "broadcast", members: list[int] | None = None):
     """src is a global rank."""
     if _size(group) == 1:

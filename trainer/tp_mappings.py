@@ -19,23 +19,23 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed import ReduceOp
+from torch.distributed import ProcessGroup, ReduceOp
 
 from megascope.tracer import comm
 
 SEQ_DIM = 1
 
 
-def _size(group: object) -> int:
+def _size(group: ProcessGroup | None) -> int:
     return dist.get_world_size(group)
 
 
-def _rank(group: object) -> int:
+def _rank(group: ProcessGroup | None) -> int:
     return dist.get_rank(group)
 
 
-def all_reduce_tp(x: torch.Tensor, group: object, name: str = "tp_all_reduce",
-                  op: ReduceOp = ReduceOp.SUM) -> torch.Tensor:
+def all_reduce_tp(x: torch.Tensor, group: ProcessGroup | None, name: str = "tp_all_reduce",
+                  op: ReduceOp.RedOpType = ReduceOp.SUM) -> torch.Tensor:
     """Out-of-place all-reduce over the tp group (the input may be needed by autograd)."""
     if _size(group) == 1:
         return x
@@ -44,7 +44,7 @@ def all_reduce_tp(x: torch.Tensor, group: object, name: str = "tp_all_reduce",
     return out
 
 
-def all_gather_along(x: torch.Tensor, group: object, dim: int, name: str) -> torch.Tensor:
+def all_gather_along(x: torch.Tensor, group: ProcessGroup | None, dim: int, name: str) -> torch.Tensor:
     size = _size(group)
     if size == 1:
         return x
@@ -54,7 +54,7 @@ def all_gather_along(x: torch.Tensor, group: object, dim: int, name: str) -> tor
     return out.movedim(0, dim)
 
 
-def reduce_scatter_along(x: torch.Tensor, group: object, dim: int, name: str) -> torch.Tensor:
+def reduce_scatter_along(x: torch.Tensor, group: ProcessGroup | None, dim: int, name: str) -> torch.Tensor:
     size = _size(group)
     if size == 1:
         return x
@@ -67,7 +67,7 @@ def reduce_scatter_along(x: torch.Tensor, group: object, dim: int, name: str) ->
     return out.movedim(0, dim)
 
 
-def _chunk_along(x: torch.Tensor, group: object, dim: int) -> torch.Tensor:
+def _chunk_along(x: torch.Tensor, group: ProcessGroup | None, dim: int) -> torch.Tensor:
     size = _size(group)
     if size == 1:
         return x
@@ -142,30 +142,30 @@ class _ReduceScatterSequence(torch.autograd.Function):
         return all_gather_along(grad, ctx.group, SEQ_DIM, "sp_all_gather_grad"), None
 
 
-def copy_to_tp(x: torch.Tensor, group: object) -> torch.Tensor:
+def copy_to_tp(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     return _CopyToTP.apply(x, group)
 
 
-def reduce_from_tp(x: torch.Tensor, group: object) -> torch.Tensor:
+def reduce_from_tp(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     return _ReduceFromTP.apply(x, group)
 
 
-def scatter_to_tp(x: torch.Tensor, group: object, dim: int = -1) -> torch.Tensor:
+def scatter_to_tp(x: torch.Tensor, group: ProcessGroup | None, dim: int = -1) -> torch.Tensor:
     return _ScatterToTP.apply(x, group, dim % x.dim())
 
 
-def gather_from_tp(x: torch.Tensor, group: object, dim: int = -1) -> torch.Tensor:
+def gather_from_tp(x: torch.Tensor, group: ProcessGroup | None, dim: int = -1) -> torch.Tensor:
     return _GatherFromTP.apply(x, group, dim % x.dim())
 
 
-def gather_sequence(x: torch.Tensor, group: object) -> torch.Tensor:
+def gather_sequence(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     return _GatherSequence.apply(x, group)
 
 
-def reduce_scatter_sequence(x: torch.Tensor, group: object) -> torch.Tensor:
+def reduce_scatter_sequence(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     return _ReduceScatterSequence.apply(x, group)
 
 
-def scatter_sequence(x: torch.Tensor, group: object) -> torch.Tensor:
+def scatter_sequence(x: torch.Tensor, group: ProcessGroup | None) -> torch.Tensor:
     """Keep this rank's chunk of the sequence (e.g. a full-sequence input entering the SP region)."""
     return _ScatterToTP.apply(x, group, SEQ_DIM)

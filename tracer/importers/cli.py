@@ -162,7 +162,6 @@ def run(args: argparse.Namespace) -> int:
                             _column_map(args.column), jobs=args.jobs, progress=bar, cp=args.cp, meta=args.meta)
         if url:
             publish(result.out, url)
-            result.out = url  # type: ignore[assignment]
     except (ImportInputError, ValueError, OSError) as exc:
         bar.close()
         print(f"megascope import: {exc}", file=sys.stderr)
@@ -172,7 +171,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"megascope import: note: {n}", file=sys.stderr)
     for w in result.warnings:
         print(f"megascope import: warning: {w}", file=sys.stderr)
-    print(f"imported {len(result.ranks)} rank(s) into {result.out}; next: megascope analyze {result.out}")
+    where = url or result.out  # the URL it was uploaded to, else the local folder
+    print(f"imported {len(result.ranks)} rank(s) into {where}; next: megascope analyze {where}")
     if result.failed_sources:
         print(f"megascope import: {len(result.failed_sources)} input(s) could not be read: "
               f"{', '.join(result.failed_sources)}; the other ranks were imported", file=sys.stderr)

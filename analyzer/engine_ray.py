@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from megascope.analyzer.event_pass import BATCH_TABLES, PassPlan, define_sql, scan_batch
@@ -30,10 +31,15 @@ class EngineError(RuntimeError):
 
 
 def _ray(local: bool = False):
+    """Import ray; settings it reads at import time are made first."""
     if local and "ray" not in sys.modules:
         # a Ray started here serves this process only: single-machine mode binds every Ray process to
-        # 127.0.0.1 instead of the host's address (read when ray is imported)
+        # 127.0.0.1 instead of the host's address
         os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    if not local and "ray" not in sys.modules and "RAY_AUTH_MODE" not in os.environ \
+            and (Path.home() / ".ray" / "auth_token").is_file():
+        # as `ray start` does: a token in Ray's default place means the cluster checks it
+        os.environ["RAY_AUTH_MODE"] = "token"
     try:
         import ray
     except ImportError:

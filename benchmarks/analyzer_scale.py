@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import resource
+import secrets
 import shutil
 import socket
 import subprocess
@@ -85,8 +86,9 @@ def engines(out: Path) -> list[tuple[str, str, str, str, str]]:
     ray = str(Path(sys.executable).parent / "ray")
     if not Path(ray).exists():
         return [("ray", "-", "-", "-", "Ray is not installed (pip install 'megascope[ray]')")]
-    # single-machine mode: every Ray process binds 127.0.0.1
-    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0")
+    # single-machine mode: every Ray process binds 127.0.0.1; the cluster checks a token of its own
+    env = dict(os.environ, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
+               RAY_AUTH_TOKEN=secrets.token_hex(32))
     wall, cpu, rss, local, err = _analyze(out, [], env)
     if local is None:
         raise SystemExit(err)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -17,8 +18,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-# single-machine mode (read when ray is imported): every Ray process binds 127.0.0.1, not the host's address
+# single-machine mode (read when ray is imported): every Ray process binds 127.0.0.1, not the host's address;
+# and the cluster checks a token of its own (inherited by `ray start` and the CLI), whatever ~/.ray holds
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_AUTH_MODE"] = "token"
+os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'megascope[ray]')")
 
 from megascope.analyzer import event_pass as ep  # noqa: E402

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,7 +43,7 @@ PREFETCH_BUCKETS = 1
 class DistributedOptimizer:
     """Owns the gradient buffers, the (sharded) optimizer and the dp communication of model chunks."""
 
-    def __init__(self, chunks: list[nn.Module], dims: ParallelDims, parallel_cfg: ParallelConfig,
+    def __init__(self, chunks: Sequence[nn.Module], dims: ParallelDims, parallel_cfg: ParallelConfig,
                  train_cfg: TrainConfig, before_dp_collective: Callable[[], None] | None = None) -> None:
         if not chunks:
             raise ValueError("DistributedOptimizer needs at least one model chunk")

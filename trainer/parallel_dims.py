@@ -28,7 +28,7 @@ class ParallelDims:
     tp: int
     pp: int
     vpp: int = 1
-    groups: dict[str, dist.ProcessGroup | None] = field(default_factory=dict, repr=False)
+    groups: dict[str, dist.ProcessGroup] = field(default_factory=dict, repr=False)
     """Process groups of *this* rank by name: tp, dp, pp, mp (tp x pp), world; filled by build_groups."""
 
     @cached_property
@@ -61,7 +61,9 @@ class ParallelDims:
         come from the member list, so non-members need not take part) and no step waits on the whole
         world. method="enumeration" is the classic way: every rank calls new_group for every group of
         every kind (a torch rule without local synchronization), O(groups) calls on every rank."""
-        self.groups["world"] = dist.group.WORLD
+        world = dist.group.WORLD
+        assert world is not None, "build_groups runs after init_process_group"
+        self.groups["world"] = world
         if method == "enumeration":
             for name in ("tp", "dp", "pp"):
                 mine, _ = dist.new_subgroups_by_enumeration(self.group_ranks(name))

@@ -15,7 +15,7 @@ every tp rank, exactly as Megatron does.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -27,7 +27,7 @@ from megascope.trainer.model import Block
 MODES = RECOMPUTE_MODES  # parallel.recompute's choices (config.Recompute)
 
 
-def apply_recompute(chunks: list[nn.Module], mode: str) -> int:
+def apply_recompute(chunks: Sequence[nn.Module], mode: str) -> int:
     """Make the blocks of every chunk recompute per `mode`; returns how many modules were wrapped."""
     if mode not in MODES:
         raise ValueError(f"recompute '{mode}' unknown; use one of: {', '.join(MODES)}")

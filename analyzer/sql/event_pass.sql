@@ -23,6 +23,11 @@
 --             An async send still in flight does not hide the rank's own delay before its next issue;
 --             waiting for an async reduction to complete does not count (an async collective still in
 --             flight does hide it: the conservative side, and it saves a second sort by end time).
+--             Other host spans (role 5: NDTimeline's `gc`, the trainer's checkpoint_snapshot/restore)
+--             outside compute are host pauses and count as gap too: the flat variant's step residual
+--             already held them, while here their end hid the pause (a GC pause recorded as a `gc` row
+--             before a forward was nowhere in the rank's own time: late_launch recall 0.50 on the
+--             independent suite's recorded pauses).
 -- Arguments (all bound by event_pass.py, none spliced):
 --   events VARCHAR        -- name of the relation holding the batch's events (tracer.schema.EVENTS columns)
 --   first_step BIGINT     -- only events of steps >= first_step (the summary cache's extension of a live run)
@@ -90,6 +95,7 @@ WITH _raw AS MATERIALIZED (
 ), _placed AS (
     SELECT *, end_ns - start_ns AS dur_ns,
         coalesce(comm AND busy_end >= end_ns AND busy_role <= 3, false) AS nested,
+        role = 5 AND NOT coalesce(busy_end >= end_ns AND busy_role <= 3, false) AS host_pause,
         -- a nested wait counts the time no earlier communication span covered (async ops without a
         -- wait row overlap each other and the waits): the union, not the sum
         CASE WHEN comm_end > start_ns THEN greatest(end_ns - comm_end, 0) ELSE end_ns - start_ns END AS wait_ns,
@@ -121,7 +127,7 @@ SELECT CAST(GROUPING(rank, step, peer) > 0 AS INT) AS gset, rank, step, peer, "g
     coalesce(sum(CASE WHEN nested THEN wait_ns ELSE dur_ns END) FILTER (WHERE comm AND role IN (6, 11)), 0)::BIGINT
         AS collective_ns,
     coalesce(sum(dur_ns) FILTER (WHERE role = 4), 0)::BIGINT AS data_wait_ns,
-    sum(gap_ns)::BIGINT AS gap_ns,
+    (sum(gap_ns) + coalesce(sum(dur_ns) FILTER (WHERE host_pause), 0))::BIGINT AS gap_ns,
     coalesce(sum(gap_ns) FILTER (WHERE role BETWEEN 7 AND 9), 0)::BIGINT AS gap_p2p_ns,
     coalesce(sum(gap_ns) FILTER (WHERE role = 6), 0)::BIGINT AS gap_coll_ns,
     min(dur_ns) FILTER (WHERE role = 7) AS send_min_ns,

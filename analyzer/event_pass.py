@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import numpy as np
 import pandas as pd
 
 from megascope.analyzer.findings import MIN_LATENESS_S
@@ -89,7 +90,7 @@ class LayoutParams:
             return cls(dp, tp, cp)
         megatron = Layout(dp=dp, tp=tp, pp=1, cp=cp).rank_of(frame.pp, frame.dp, frame.tp, frame["cp"])
         renumber = [-1] * (int(frame["rank"].max()) + 1)
-        for rank, m in zip(frame["rank"].astype(int), megatron.astype(int)):
+        for rank, m in zip(frame["rank"].astype(int), np.asarray(megatron, dtype=np.int64)):
             renumber[rank] = int(m)
         return cls(dp, tp, cp, tuple(renumber))
 
@@ -214,7 +215,8 @@ def run_batches(store: Store, plan: PassPlan, out: PassTables, engine: Engine | 
                 progress: Progress | None = None, label: str = "scanning events") -> None:
     """The one batch loop: the batch function over every batch of ranks (by `engine`, local by
     default), each batch's tables appended to `out`'s."""
-    batches = store.rank_prefix_batches(BATCH_RANKS) or [None]
+    prefixes = store.rank_prefix_batches(BATCH_RANKS)
+    batches: list[list[str] | None] = [*prefixes] if prefixes else [None]
     targets = [(out.rank_step, "_batch_rank_step"), (out.peer_step, "_batch_peer_step"),
                (out.partials, "_batch_partials")]
     if progress is not None:

@@ -115,11 +115,13 @@ def run(args: argparse.Namespace) -> int:
             check_ranks(ranks, sorted(int(r) for r in analysis.topology["rank"]))
         if steps is None:
             check_steps((0, 0) if span is None else span, span)
+            assert span is not None  # check_steps refuses a run without steps
             steps, why = default_window(analysis, span)
             print(f"megascope export: no --steps: exporting steps {steps[0]}-{steps[1]} {why}; "
                   "pass --steps A:B for another window", file=sys.stderr)
         else:
             check_steps(steps, span)
+            assert span is not None  # check_steps refuses a run without steps
             clipped = (max(steps[0], span[0]), min(steps[1], span[1]))
             if clipped != steps:
                 print(f"megascope export: the run has steps {span[0]}-{span[1]}; exporting steps "

@@ -44,8 +44,8 @@ class Run:
                  progress: Progress | None = None, engine: Engine | None = None) -> None:
         self.store = store
         self.engine = engine  # where the event pass's batches run (None: this process, event_pass.LocalEngine)
-        self.detectors = list(detectors) if detectors is not None else [StragglerDetector(), FlapDetector(),
-                                                                           WorkloadImbalanceDetector()]
+        self.detectors: list[Detector] = list(detectors) if detectors is not None else [
+            StragglerDetector(), FlapDetector(), WorkloadImbalanceDetector()]
         self.progress = progress or (lambda label, done, total: None)
         self._built: set[str] = set()
         self._findings: list[Finding] | None = None

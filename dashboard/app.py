@@ -11,7 +11,7 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 import dash
-from dash import Input, Output, State, dcc, html
+from dash import Input, NoUpdate, Output, State, dcc, html
 
 from megascope.dashboard import ids
 from megascope.dashboard.auth import TokenAuth
@@ -33,7 +33,7 @@ def create_app(paths: list[str | Path], refresh_s: float = DEFAULT_REFRESH_S, to
         assets_folder=str(ASSETS_FOLDER),
         title="megascope",
         suppress_callback_exceptions=True,  # page components appear only when their page is shown
-        update_title=None,
+        update_title=None,  # type: ignore[arg-type]  # None: no "Updating..." tab title (Dash's documented value; its annotation says str)
         on_error=_callback_failed,
     )
     app.server.config[CATALOG_KEY] = catalog
@@ -80,7 +80,7 @@ def pause_refresh(live: list[str] | None) -> bool:
     return "live" not in (live or [])
 
 
-def run_from_url(search: str | None, current: int | None) -> int:
+def run_from_url(search: str | None, current: int | None) -> int | NoUpdate:
     """`?run=N` in a link selects run N (an index into the served list, never a path)."""
     values = parse_qs((search or "").lstrip("?")).get("run")
     if not values:

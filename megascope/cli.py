@@ -35,7 +35,7 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         text = action.help or ""
         if action.default is None or action.default is False or action.default == [] or "default" in text:
             return text
-        return super()._get_help_string(action)
+        return super()._get_help_string(action) or text
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:

@@ -100,9 +100,8 @@ class trace:
     def __enter__(self) -> Tracer:
         return self.start()
 
-    def __exit__(self, *exc_info: object) -> bool:
-        self.stop()
-        return False  # the block's exception, if any, propagates
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()  # returns None: the block's exception, if any, propagates
 
 
 def set_step(step: int) -> None:
@@ -170,15 +169,15 @@ class span:
         self._token = _monotonic_ns() if tracer.timeline is None else tracer.begin_span()
         return self
 
-    def __exit__(self, *exc_info: object) -> bool:
+    def __exit__(self, *exc_info: object) -> None:  # None: the block's exception propagates
         tracer = self._tracer
         if tracer is None:
-            return False
+            return
         self._tracer = None
         if tracer.timeline is not None:
             tracer.end_span(self.name, self.kind, self.group, self.peer, self.bytes,
                             self.microbatch, self.chunk, self._token)
-            return False
+            return
         end = _monotonic_ns()
         try:  # guarded like every tracer entry point: monitoring never raises into training
             if tracer.pending_works:
@@ -196,7 +195,7 @@ class span:
                 events.append(row)
         except Exception as exc:
             tracer._failed("span end", exc)
-        return False
+        return
 
     def __call__(self, fn: F) -> F:
         args = (self.name, self.kind, self.group, self.peer, self.bytes, self.microbatch, self.chunk,

@@ -43,7 +43,7 @@ class StorageError(OSError):
 def is_url(spec: str | os.PathLike) -> bool:
     """True for an object-store URL (s3://...); a local path or a file:// URL is not one."""
     match = URL_RE.match(os.fspath(spec))
-    return bool(match) and match.group(1).lower() != "file"
+    return match is not None and match.group(1).lower() != "file"
 
 
 def cache_root() -> Path:
@@ -74,7 +74,7 @@ class Location:
     def path(self, rel: str = "") -> str:
         return f"{self.root}/{rel}" if rel else self.root
 
-    def write_bytes(self, rel: str, data: bytes) -> None:
+    def write_bytes(self, rel: str, data: bytes | memoryview) -> None:
         """Write one whole object/file at `rel`, atomically (see the module doc)."""
         target = self.path(rel)
         if not self.remote:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import dash
 from dash import Input, Output, callback, dcc, html
 
@@ -33,7 +35,7 @@ def update_comparison(_tick: int | None):
     catalog = current_catalog()
     per_step = {name: catalog.cached(i, ("mfu-per-step",), lambda run: run.mfu().per_step)
                 for i, name in enumerate(catalog.names)}
-    rows = [catalog.cached(i, ("compare-row",), lambda run, n=name: summary_row(run, n))
+    rows = [catalog.cached(i, ("compare-row",), partial(summary_row, name=name))
             for i, name in enumerate(catalog.names)]
     hint = [] if len(catalog) > 1 else ["Only one run is open: start with `megascope dashboard RUN_A RUN_B ...` "
                                         "to compare runs."]

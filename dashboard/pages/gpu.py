@@ -5,6 +5,7 @@ from __future__ import annotations
 import dash
 import pandas as pd
 from dash import Input, Output, callback, dcc, html
+from dash.development.base_component import Component
 
 from megascope.dashboard import ids
 from megascope.dashboard.runs import current_catalog
@@ -40,7 +41,7 @@ def update_gpu(metric: str, run_value: int | None, _tick: int | None):
         gpu_figure(run.gpu(), metric), problems_table(run.gpu())))
 
 
-def problems_table(samples: pd.DataFrame) -> html.Div | html.Table:
+def problems_table(samples: pd.DataFrame) -> Component:
     """Per rank: samples with a clocks-event (throttle) reason, and the highest ECC error count."""
     if samples.empty:
         return html.P("No GPU samples in this run (CPU run, or NVML unavailable).", className="muted")

@@ -8,6 +8,7 @@ from urllib.parse import urlencode
 
 import dash
 from dash import Input, Output, callback, dcc, html
+from dash.development.base_component import Component
 
 from megascope.analyzer import Finding, Run
 from megascope.analyzer.watch_live import LiveFinding
@@ -86,7 +87,7 @@ def run_summary(run: Run) -> html.Div:
     return html.Div([html.H3("Run"), key_values(rows)])
 
 
-def findings_table(findings: list[Finding], run_index: int) -> html.Div:
+def findings_table(findings: list[Finding], run_index: int) -> Component:
     """One row per finding with a link to the page that shows it."""
     if not findings:
         return html.P("No findings: no straggler, imbalance, late launch, flap or hang detected.",
@@ -101,7 +102,7 @@ def findings_table(findings: list[Finding], run_index: int) -> html.Div:
     return html.Table([html.Thead(head), html.Tbody(rows)], className="grid findings", id=ids.OVERVIEW_FINDINGS_TABLE)
 
 
-def live_table(rows: list[LiveFinding], run_index: int) -> html.Div:
+def live_table(rows: list[LiveFinding], run_index: int) -> Component:
     """What the watcher announced, newest first: state, onset, when it was seen and ended, and links
     to the heatmap (on the finding's metric) and the timeline at its onset."""
     if not rows:

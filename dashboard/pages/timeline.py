@@ -5,6 +5,7 @@ from __future__ import annotations
 import dash
 import pandas as pd
 from dash import Input, Output, callback, dcc, html
+from dash.development.base_component import Component
 
 from megascope.analyzer import Run
 from megascope.dashboard import ids
@@ -51,6 +52,8 @@ def rank_options(run_value: int | None):
 @callback(Output(ids.TIMELINE_SELECTED, "data"), Input(ids.TIMELINE_GRAPH, "clickData"), prevent_initial_call=True)
 def select_event(click_data: dict | None):
     """Remember the clicked event (customdata of bars is the event id; -1 marks gaps)."""
+    if click_data is None:
+        return None
     try:
         event_id = int(click_data["points"][0]["customdata"])
     except (TypeError, KeyError, IndexError, ValueError):
@@ -97,7 +100,7 @@ def shown_ranks(topology: pd.DataFrame, ranks: list[int], view: str) -> list[int
     return sorted(set(ranks))[:MAX_ROWS]
 
 
-def selection_details(events: pd.DataFrame, deps: pd.DataFrame, highlight: Highlight) -> html.Div:
+def selection_details(events: pd.DataFrame, deps: pd.DataFrame, highlight: Highlight) -> Component:
     """What the selected event waited on and what waited on it, with the wait of each edge."""
     if highlight.selected is None or events.empty:
         return html.P("Click an event to see what it waited on and what waited on it.", className="muted")

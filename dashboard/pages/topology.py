@@ -8,6 +8,7 @@ import dash
 import numpy as np
 import pandas as pd
 from dash import Input, Output, State, callback, dcc, html
+from dash.development.base_component import Component
 
 from megascope.analyzer import Run
 from megascope.dashboard import ids
@@ -100,7 +101,7 @@ def finding_severity(run: Run) -> dict[int, float]:
     return worst
 
 
-def rank_details(run: Run, rank: int) -> html.Div:
+def rank_details(run: Run, rank: int) -> Component:
     """Position, data flow, peers, what the rank ran last step, in-flight record and errors."""
     topo = run.topology
     me = topo[topo["rank"] == rank]
@@ -124,7 +125,7 @@ def rank_details(run: Run, rank: int) -> html.Div:
     ])
 
 
-def collectives_table(run: Run, rank: int) -> html.Div | html.Table:
+def collectives_table(run: Run, rank: int) -> Component:
     steps = run.steps()
     if steps.empty:
         return html.P("No steps recorded yet.", className="muted")

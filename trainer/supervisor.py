@@ -276,7 +276,8 @@ class Supervisor:
                     pass
 
     def _write_health(self, current: dict[int, dict], now: float) -> None:
-        if now - self._health_at < 1.0:
+        # as fresh as the beats (at most 1 s old): outside the job it is the view of the ranks
+        if now - self._health_at < min(1.0, max(self.read_every_s, self.robust.heartbeat_interval_s)):
             return
         self._health_at = now
         write_json_atomic(self.run_dir / "health.json", {
@@ -327,12 +328,18 @@ class ControlPlaneHost:
             rdzv_host, rdzv_port = control_store.parse_address(rdzv_endpoint)
             host, port = rdzv_host, rdzv_port + 1
         self.server = None
+        self._sock: socket.socket | None = None
         self.client: ControlStore | None = None
         self._env_before = given
         if node_rank == 0:
-            try:  # c10d's TCPStore server: it answers until this driver exits (port 0: a free one)
+            try:
+                # c10d's TCPStore server on a socket we bound: on `host` only (127.0.0.1 on one node; left
+                # to itself c10d listens on every interface); port 0: a free one
+                self._sock = socket.create_server((host, port), backlog=1024)
+                port = self._sock.getsockname()[1]
                 self.server = dist.TCPStore(host, port, is_master=True, wait_for_workers=False,
-                                            timeout=timedelta(seconds=control_store.OP_TIMEOUT_S))
+                                            timeout=timedelta(seconds=control_store.OP_TIMEOUT_S),
+                                            master_listen_fd=self._sock.fileno())
             except Exception as exc:  # noqa: BLE001 - no store: the file fallback, said once
                 print(f"[megascope] warning: cannot host the control store on {host}:{port} ({exc}); "
                       "heartbeats and hang records go to files in the run directory (single host only)",
@@ -350,6 +357,9 @@ class ControlPlaneHost:
         if self.client is not None:
             self.client.close()
         self.server = None  # the server thread ends with the object
+        if self._sock is not None:
+            self._sock.detach()  # the TCPStore server owned the descriptor and has closed it
+            self._sock = None
         if self._env_before:
             os.environ[control_store.ENV] = self._env_before
         else:

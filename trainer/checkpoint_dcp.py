@@ -178,6 +178,7 @@ class DcpCheckpointManager:
             path = cio.join(self.root, cio.step_name(step))
             self._published.clear()
             started = time.perf_counter()
+            future: Any = None
             try:
                 cio.makedirs(path)
                 future = dcp.async_save(sd, storage_writer=cio.dcp_writer(path), process_group=self.group,
@@ -187,9 +188,10 @@ class DcpCheckpointManager:
                 self._published.set()
                 future = None
             if future is not None:
-                future = getattr(future, "upload_completion", future)  # AsyncSaveResponse in newer torch
-                self._pending = future
-                future.add_done_callback(lambda f: self._done(f, step, path, started, t0))
+                # a stager that returns a Future (ours, on GPU) makes async_save answer an AsyncSaveResponse
+                upload: Future = getattr(future, "upload_completion", future)
+                self._pending = upload
+                upload.add_done_callback(lambda f: self._done(f, step, path, started, t0))
         stall = time.perf_counter() - t0
         self.stalls_s.append(stall)
         return stall

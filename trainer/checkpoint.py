@@ -1,5 +1,10 @@
 """Two-stage checkpoints (MegaScale 4.4): snapshot to host memory, persist in the background.
 
+This is robust.checkpoint_format = "snapshot"; the default, "dcp" (trainer/checkpoint_dcp.py: the same
+host snapshot, written by torch.distributed.checkpoint, reshardable across dp, to a path or an fsspec
+URL), shares this module's listing, manifest, pruning and layout checks (`list_complete_at`,
+`publish_manifest`, `check_resumable`); `make_checkpoint_manager` picks the manager.
+
 Stage 1 (training thread, the only stall): every tensor of this rank's training state is copied into
 reusable host buffers (pinned on GPU, copies enqueued on the current stream; no device sync here).
 Stage 2 (writer thread): waits for the copies, writes the shard under a temporary name, fsyncs and

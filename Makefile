@@ -27,6 +27,7 @@ demo: setup
 
 test: $(TESTSTAMP)
 	$(VENV)/bin/ruff check .
+	MYPY=$(VENV)/bin/mypy scripts/typecheck.sh
 	$(PY) -m pytest -q
 
 bench: setup

@@ -54,7 +54,7 @@ class CommOp:
                  "issue_ns", "group", "members", "start", "done")
 
     def __init__(self, name: str, kind: str, group_name: str, seq: int, peer: int, nbytes: int,
-                 step: int, microbatch: int, chunk: int, issue_ns: int, group: object,
+                 step: int, microbatch: int, chunk: int, issue_ns: int, group: dist.ProcessGroup | None,
                  members: list[int] | None) -> None:
         self.name, self.kind, self.group_name, self.seq = name, kind, group_name, seq
         self.peer, self.nbytes = peer, nbytes

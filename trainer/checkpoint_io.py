@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from megascope.tracer import comm
 
@@ -92,7 +93,7 @@ def _unflatten(skeleton: Any, tensors: list[torch.Tensor]) -> Any:
     return skeleton
 
 
-def broadcast_tree(tree: Any | None, src: int, group: object, device: torch.device,
+def broadcast_tree(tree: Any | None, src: int, group: dist.ProcessGroup | None, device: torch.device,
                    group_name: str = "dp") -> Any:
     """Send `tree` (given on global rank `src`, None elsewhere) to every member of `group`: the
     structure as pickled bytes, then each tensor on `device` (NCCL needs GPU tensors). The result's

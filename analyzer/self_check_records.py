@@ -1,4 +1,4 @@
-"""Self-check results of a run (RUN/self_check/attempt-NN.json, written by trainer/self_check.py before
+"""Self-check results of a run (RUN/self_check/attempt-NN.json, written by trainer/robust/self_check.py before
 each restart): per-rank GEMM speed, link and all-reduce bandwidth, the flagged ranks and hosts, and
 the node decision (continue, exclude, stop).
 

@@ -109,7 +109,7 @@ def sim_suite(seed: int) -> list[Case]:
 
 DP2PP2 = {"dp": 2, "pp": 2}
 REAL_SUITE = [
-    # trainer faults (trainer/faults.py): late_launch has no `from` (onset 0); a flap with
+    # trainer faults (trainer/robust/faults.py): late_launch has no `from` (onset 0); a flap with
     # period_steps=4 is down on steps 2-3, 6-7, ...; a hang makes everyone wait from step `at`
     Case("straggler", "straggler:rank=1,slowdown=3,from=4", 4, {1}, DP2PP2),
     Case("straggler", "straggler:rank=2,slowdown=1.5,from=5", 5, {2}, DP2PP2),

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import torch
 
-from megascope.trainer.checkpoint_io import host_snapshot, save_file
 from megascope.trainer.config import JobConfig, apply_overrides
-from megascope.trainer.model import GPT
+from megascope.trainer.modeling.model import GPT
 from megascope.trainer.presets import preset
+from megascope.trainer.robust.checkpoint_io import host_snapshot, save_file
 
 
 def shard_elements(name: str, dp: int, pp: int) -> int:

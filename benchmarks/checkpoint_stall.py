@@ -27,14 +27,14 @@ def _rank_main(rank: int, world: int, port: int, preset: str, run_dir: str, mode
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    from megascope.trainer.checkpoint import CheckpointManager
     from megascope.trainer.config import JobConfig, apply_overrides
     from megascope.trainer.data import build_loader
-    from megascope.trainer.faults import Faults
     from megascope.trainer.lr_schedule import learning_rate
-    from megascope.trainer.parallel_dims import ParallelDims
-    from megascope.trainer.parallelize import parallelize
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallelize import parallelize
     from megascope.trainer.presets import preset as get_preset
+    from megascope.trainer.robust.checkpoint import CheckpointManager
+    from megascope.trainer.robust.faults import Faults
     from megascope.trainer.step import train_step
 
     cfg = JobConfig()
@@ -44,7 +44,7 @@ def _rank_main(rank: int, world: int, port: int, preset: str, run_dir: str, mode
     dims.build_groups()
     state = parallelize(cfg, dims, torch.device("cpu"), Faults([], rank))
     if mode == "dcp":
-        from megascope.trainer.checkpoint_dcp import DcpCheckpointManager
+        from megascope.trainer.robust.checkpoint_dcp import DcpCheckpointManager
 
         manager = DcpCheckpointManager(cfg, dims, rank, torch.device("cpu"))
     else:

@@ -1,6 +1,6 @@
 """Tokens/s of megascope's data parallelism against torch's DistributedDataParallel, side by side.
 
-Both run the same GPT (trainer/model.py), the same batches, AdamW and clipping on a real gloo group of
+Both run the same GPT (trainer/modeling/model.py), the same batches, AdamW and clipping on a real gloo group of
 `--dp` processes; rounds alternate megascope / DDP so machine noise hits both alike. Prints a table:
 
     python benchmarks/ddp_compare.py [--preset tiny] [--dp 2] [--steps 12] [--rounds 3]
@@ -20,10 +20,10 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from megascope.trainer.config import JobConfig, apply_overrides, micro_batches  # noqa: E402
-from megascope.trainer.faults import Faults  # noqa: E402
-from megascope.trainer.model import GPT  # noqa: E402
-from megascope.trainer.parallel_dims import ParallelDims  # noqa: E402
+from megascope.trainer.modeling.model import GPT  # noqa: E402
+from megascope.trainer.parallel.parallel_dims import ParallelDims  # noqa: E402
 from megascope.trainer.presets import preset  # noqa: E402
+from megascope.trainer.robust.faults import Faults  # noqa: E402
 from tests.distributed import run_distributed  # noqa: E402
 
 
@@ -44,7 +44,7 @@ def batches(cfg: JobConfig, dp_rank: int, steps: int) -> list[torch.Tensor]:
 
 
 def megascope_job(rank: int, world: int, args: argparse.Namespace, zero: bool) -> list[float]:
-    from megascope.trainer.parallelize import parallelize
+    from megascope.trainer.parallel.parallelize import parallelize
     from megascope.trainer.step import train_step
 
     cfg = make_config(args, zero)

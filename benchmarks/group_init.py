@@ -21,7 +21,7 @@ from tests.distributed import run_distributed  # noqa: E402
 
 
 def _group_time(rank: int, world: int, method: str, dims_tuple: tuple[int, int, int]) -> float:
-    from megascope.trainer.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
 
     dims = ParallelDims(*dims_tuple)
     t0 = time.perf_counter()

@@ -29,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from megascope.trainer.config import JobConfig
-from megascope.trainer.schedule_order import analytical_bubble, schedule_name
+from megascope.trainer.pipelining.schedule_order import analytical_bubble, schedule_name
 
 LAYOUTS = [(1, 1, 8), (2, 1, 4), (2, 1, 8), (2, 2, 4), (2, 2, 8), (2, 4, 8), (4, 1, 8), (4, 2, 8)]
 """(pp, vpp, micro-batches)"""
@@ -80,8 +80,8 @@ def worker(rank: int, world: int, port: int, args: argparse.Namespace, layout: t
 
 
 def measure(rank: int, args: argparse.Namespace, layout: tuple) -> dict:
-    from megascope.trainer.parallel_dims import ParallelDims
-    from megascope.trainer.parallelize import parallelize
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallelize import parallelize
     from megascope.trainer.step import train_step
 
     pp, vpp, n_micro = layout

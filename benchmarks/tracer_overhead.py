@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from megascope import tracer  # noqa: E402
 from megascope.tracer import comm_spans  # noqa: E402
 from megascope.trainer.config import JobConfig, TraceConfig, apply_overrides, micro_batches, validate  # noqa: E402
-from megascope.trainer.faults import Faults  # noqa: E402
-from megascope.trainer.parallel_dims import ParallelDims  # noqa: E402
-from megascope.trainer.parallelize import parallelize  # noqa: E402
+from megascope.trainer.parallel.parallel_dims import ParallelDims  # noqa: E402
+from megascope.trainer.parallel.parallelize import parallelize  # noqa: E402
 from megascope.trainer.presets import preset  # noqa: E402
+from megascope.trainer.robust.faults import Faults  # noqa: E402
 from megascope.trainer.step import train_step  # noqa: E402
 from tests.distributed import run_distributed  # noqa: E402
 

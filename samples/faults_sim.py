@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from megascope.trainer.faults import SIMULATE_KINDS, FaultSpecError, parse_fields
+from megascope.trainer.robust.faults import SIMULATE_KINDS, FaultSpecError, parse_fields
 
 __all__ = ["Fault", "FaultSpecError", "check_ranks", "parse_fault"]
 

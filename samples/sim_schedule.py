@@ -1,16 +1,16 @@
 """Pipeline schedules for the trace simulator: the trainer's per-stage op order (1F1B, interleaved
-1F1B; trainer/schedule_order.py) and a global order in which every op's cross-stage dependency is
+1F1B; trainer/pipelining/schedule_order.py) and a global order in which every op's cross-stage dependency is
 already resolved.
 """
 
 from __future__ import annotations
 
-from megascope.trainer.schedule_order import Action, build_schedule
+from megascope.trainer.pipelining.schedule_order import Action, build_schedule
 
 
 def stage_order(stage: int, pp: int, micro_batches: int, vpp: int = 1) -> list[Action]:
     """The program order of compute ops on one pipeline stage for one step: the trainer's own
-    schedule (trainer/schedule_order.py), so simulated and real runs share one rule."""
+    schedule (trainer/pipelining/schedule_order.py), so simulated and real runs share one rule."""
     return build_schedule(pp, vpp, stage, micro_batches)
 
 

@@ -19,7 +19,7 @@ import numpy as np
 from megascope.samples.faults_sim import Fault
 from megascope.samples.sim_model import Costs, Noise
 from megascope.samples.sim_schedule import global_order, stage_order, upstream
-from megascope.trainer.schedule_order import Action
+from megascope.trainer.pipelining.schedule_order import Action
 
 
 @dataclass(frozen=True)

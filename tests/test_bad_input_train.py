@@ -105,7 +105,7 @@ def test_existing_run_of_another_layout_is_left_untouched(tmp_path):
 
 def test_an_empty_or_unrelated_directory_is_fine_to_train_into(tmp_path):
     """Only run entries make a directory "taken": the check must not refuse a fresh mkdir'd folder."""
-    from megascope.trainer.preflight import check_run_dir
+    from megascope.trainer.robust.preflight import check_run_dir
 
     (tmp_path / "empty").mkdir()
     (tmp_path / "other").mkdir()

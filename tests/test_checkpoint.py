@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from megascope.trainer import checkpoint as ck
 from megascope.trainer.config import JobConfig
+from megascope.trainer.robust import checkpoint as ck
 from tests.distributed import run_distributed
 
 STEPS, SAVE_AT = 4, 2
@@ -34,9 +34,9 @@ def make_cfg(run_dir: str, dp: int, pp: int, zero: bool = True) -> JobConfig:
 
 
 def _build(cfg: JobConfig, rank: int):
-    from megascope.trainer.faults import Faults
-    from megascope.trainer.parallel_dims import ParallelDims
-    from megascope.trainer.parallelize import parallelize
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallelize import parallelize
+    from megascope.trainer.robust.faults import Faults
 
     p = cfg.parallel
     dims = ParallelDims(p.dp, p.tp, p.pp, p.vpp)
@@ -140,9 +140,9 @@ def test_prune_keeps_last_k_complete_and_drops_abandoned(tmp_path):
 
 CHILD = textwrap.dedent("""
     import sys, time, torch
-    from megascope.trainer import checkpoint as ck
+    from megascope.trainer.robust import checkpoint as ck
     from megascope.trainer.config import JobConfig
-    from megascope.trainer.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
 
     class Opt:  # the optimizer interface the manager uses
         def __init__(self): self.master = torch.randn(1 << 18)
@@ -186,7 +186,7 @@ def test_kill_during_save_leaves_previous_checkpoint_loadable(tmp_path):
 
 
 def broadcast_worker(rank: int, world: int) -> dict:
-    from megascope.trainer.checkpoint_io import broadcast_tree
+    from megascope.trainer.robust.checkpoint_io import broadcast_tree
 
     tree = {"a": torch.arange(5.0), "nested": [torch.ones(2, 3, dtype=torch.int64), 7], "s": "x"} if rank == 1 else None
     out = broadcast_tree(tree, 1, torch.distributed.group.WORLD, torch.device("cpu"))

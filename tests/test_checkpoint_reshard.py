@@ -1,4 +1,4 @@
-"""DCP checkpoints (trainer/checkpoint_dcp.py) reshard across data parallelism: a dp=2 ZeRO job saves
+"""DCP checkpoints (trainer/robust/checkpoint_dcp.py) reshard across data parallelism: a dp=2 ZeRO job saves
 asynchronously, and a job restarted with ONE replica (a node excluded, no spare) resumes from it at the
 same step with the loss continuing as the uninterrupted dp=2 run's; through the real `megascope train`
 (--resume with --dp 1) and through the trainer API (also to an fsspec URL and from a non-ZeRO save). A
@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from megascope.trainer import checkpoint as ck
 from megascope.trainer.config import JobConfig
+from megascope.trainer.robust import checkpoint as ck
 from tests.distributed import run_distributed
 
 STEPS, SAVE_AT = 6, 3
@@ -37,10 +37,10 @@ def make_cfg(run_dir: str, dp: int, zero: bool = True, checkpoint_dir: str = "")
 
 def _train(cfg: JobConfig, rank: int, resume: bool) -> dict:
     from megascope.trainer.data import build_loader
-    from megascope.trainer.faults import Faults
     from megascope.trainer.lr_schedule import learning_rate
-    from megascope.trainer.parallel_dims import ParallelDims
-    from megascope.trainer.parallelize import parallelize
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallelize import parallelize
+    from megascope.trainer.robust.faults import Faults
     from megascope.trainer.step import train_step
 
     p = cfg.parallel

@@ -6,7 +6,7 @@ import pytest
 from megascope.cli import build_parser
 from megascope.trainer.cli import resolve_config
 from megascope.trainer.config import ConfigError, JobConfig, validate
-from megascope.trainer.faults import Faults, FaultSpecError, parse_spec
+from megascope.trainer.robust.faults import Faults, FaultSpecError, parse_spec
 
 
 def parse(*argv: str) -> argparse.Namespace:

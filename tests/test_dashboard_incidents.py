@@ -1,6 +1,6 @@
 """Incidents, recovery times and self-checks in the dashboard (overview panel, topology marks), from a
-run directory holding an incident log and a self-check record (the formats trainer/supervisor.py and
-trainer/self_check.py write)."""
+run directory holding an incident log and a self-check record (the formats trainer/robust/supervisor.py and
+trainer/robust/self_check.py write)."""
 
 from __future__ import annotations
 

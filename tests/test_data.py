@@ -19,7 +19,7 @@ from megascope.trainer.data import (
     default_corpus,
     load_tokens,
 )
-from megascope.trainer.parallel_dims import ParallelDims
+from megascope.trainer.parallel.parallel_dims import ParallelDims
 from tests.distributed import run_distributed
 
 SEQ = 16

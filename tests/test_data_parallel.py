@@ -10,8 +10,8 @@ from torch import nn
 
 from megascope.tracer import comm
 from megascope.trainer.config import ModelConfig, ParallelConfig, TrainConfig
-from megascope.trainer.data_parallel import DistributedOptimizer
-from megascope.trainer.parallel_dims import ParallelDims
+from megascope.trainer.parallel.data_parallel import DistributedOptimizer
+from megascope.trainer.parallel.parallel_dims import ParallelDims
 from tests.distributed import run_distributed
 
 GLOBAL_BATCH = 8
@@ -187,7 +187,7 @@ def test_grads_live_in_the_buffer_norm_owner_and_sync_misuse():
 
 
 def _train_gpt(rank: int, world: int, zero: bool) -> dict:
-    from megascope.trainer.model import GPT
+    from megascope.trainer.modeling.model import GPT
 
     dims = ParallelDims(dp=world, tp=1, pp=1)
     dims.build_groups()

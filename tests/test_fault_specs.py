@@ -1,4 +1,4 @@
-"""One fault grammar for `megascope train --inject` and `megascope simulate --inject` (trainer/faults.py):
+"""One fault grammar for `megascope train --inject` and `megascope simulate --inject` (trainer/robust/faults.py):
 each side knows its own kinds, both raise the same FaultSpecError, and an unknown kind is refused
 with the valid kinds named."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from megascope.samples import faults_sim
-from megascope.trainer import faults
+from megascope.trainer.robust import faults
 
 TRAIN_SPECS = ["straggler:rank=1,slowdown=2,from=3,to=5", "late_launch:rank=0,ms=5,every=2",
                "flap:ranks=0-3,down_ms=50,period_steps=4", "hang:rank=2,at=3", "crash:rank=3,at=1"]

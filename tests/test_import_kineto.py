@@ -35,9 +35,9 @@ def _trainer_job(rank: int, world: int, trace_dir: str, run_dir: str) -> int:
     from megascope import tracer as tracing
     from megascope.tracer.run_dir import write_manifest
     from megascope.trainer.config import JobConfig
-    from megascope.trainer.faults import Faults
-    from megascope.trainer.parallel_dims import ParallelDims
-    from megascope.trainer.parallelize import parallelize
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallelize import parallelize
+    from megascope.trainer.robust.faults import Faults
     from megascope.trainer.step import train_step
 
     cfg = JobConfig.from_dict({
@@ -93,7 +93,7 @@ def _plain_loop_job(rank: int, world: int, trace_dir: str, run_dir: str) -> int:
     from megascope.tracer import comm
     from megascope.tracer.config import TraceConfig
     from megascope.tracer.run_dir import write_manifest
-    from megascope.trainer.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
 
     if rank == 0:
         write_manifest(run_dir, {"run_id": "plain", "topology": ParallelDims(world, 1, 1).topology()})

@@ -277,7 +277,7 @@ def test_context_parallel_layout_mistakes_are_one_line(tmp_path: Path, capsys):
 
 def test_layout_is_the_trainers_rank_order_without_cp():
     from megascope.tracer.layout import Layout
-    from megascope.trainer.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
 
     for dp, tp, pp in ((2, 2, 2), (4, 1, 2), (3, 2, 4)):
         layout, dims = Layout(dp=dp, tp=tp, pp=pp), ParallelDims(dp=dp, tp=tp, pp=pp)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from megascope.trainer.config import ModelConfig
-from megascope.trainer.model import GPT, Block
+from megascope.trainer.modeling.model import GPT, Block
 
 SMALL = dict(vocab_size=64, n_layers=2, hidden=32, n_heads=4, seq_len=16, ffn_mult=2)
 

@@ -1,4 +1,4 @@
-from megascope.trainer.parallel_dims import ParallelDims
+from megascope.trainer.parallel.parallel_dims import ParallelDims
 
 
 def test_rank_layout_is_megatron_order():

@@ -15,7 +15,7 @@ import torch
 
 from megascope.trainer.config import JobConfig, micro_batches
 from megascope.trainer.lr_schedule import learning_rate
-from megascope.trainer.model import GPT
+from megascope.trainer.modeling.model import GPT
 from tests.distributed import run_distributed
 
 STEPS = 10
@@ -75,9 +75,9 @@ def reference_run(cfg: JobConfig) -> list[tuple[float, float]]:
 
 def train_ranks(rank: int, world: int, parallel: dict, want_bytes: bool = False) -> dict:
     """Worker: build the 3D-parallel job from the config and train STEPS steps."""
-    from megascope.trainer.faults import Faults
-    from megascope.trainer.parallel_dims import ParallelDims
-    from megascope.trainer.parallelize import parallelize
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallelize import parallelize
+    from megascope.trainer.robust.faults import Faults
     from megascope.trainer.step import train_step
 
     cfg = make_cfg(parallel)

@@ -7,17 +7,17 @@ import pytest
 import torch
 
 from megascope.trainer.config import ModelConfig
-from megascope.trainer.flops import (
+from megascope.trainer.modeling.flops import (
     hardware_flops_per_step,
     megatron_full_recompute_flops,
     megatron_model_flops,
     model_flops_per_step,
 )
-from megascope.trainer.model import GPT
-from megascope.trainer.p2p import message_tag
-from megascope.trainer.pipeline import chunk_placements, split_into_chunks, tied_embedding_weight
-from megascope.trainer.recompute import apply_recompute
-from megascope.trainer.schedule_order import (
+from megascope.trainer.modeling.model import GPT
+from megascope.trainer.modeling.recompute import apply_recompute
+from megascope.trainer.pipelining.p2p import message_tag
+from megascope.trainer.pipelining.pipeline import chunk_placements, split_into_chunks, tied_embedding_weight
+from megascope.trainer.pipelining.schedule_order import (
     BACKWARD,
     FORWARD,
     analytical_bubble,

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from megascope.trainer.checkpoint import latest_complete
-from megascope.trainer.checkpoint_cadence import PROBE_STEPS, CheckpointCadence, steps_for_interval
 from megascope.trainer.config import JobConfig, RobustConfig
-from megascope.trainer.heartbeat import read_heartbeats
 from megascope.trainer.launch import recovery_text
+from megascope.trainer.robust.checkpoint import latest_complete
+from megascope.trainer.robust.checkpoint_cadence import PROBE_STEPS, CheckpointCadence, steps_for_interval
+from megascope.trainer.robust.heartbeat import read_heartbeats
 
 
 def test_defaults_recover():

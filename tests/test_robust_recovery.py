@@ -17,8 +17,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from megascope.trainer.checkpoint import latest_complete
-from megascope.trainer.heartbeat import read_heartbeats
+from megascope.trainer.robust.checkpoint import latest_complete
+from megascope.trainer.robust.heartbeat import read_heartbeats
 
 pytestmark = pytest.mark.slow
 STEPS = 6

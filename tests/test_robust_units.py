@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from megascope.trainer.config import RobustConfig
-from megascope.trainer.heartbeat import Heartbeat, read_heartbeats
-from megascope.trainer.self_check import decide, low_outliers
-from megascope.trainer.supervisor import Supervisor, stall_suspects
+from megascope.trainer.robust.heartbeat import Heartbeat, read_heartbeats
+from megascope.trainer.robust.self_check import decide, low_outliers
+from megascope.trainer.robust.supervisor import Supervisor, stall_suspects
 from tests.distributed import run_distributed
 
 
@@ -135,7 +135,7 @@ def test_node_decision_needs_whole_model_parallel_groups():
 def groups_worker(rank: int, world: int, method: str) -> dict:
     import torch.distributed as dist
 
-    from megascope.trainer.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
 
     dims = ParallelDims(dp=2, tp=1, pp=2)
     dims.build_groups(method)
@@ -150,7 +150,7 @@ def groups_worker(rank: int, world: int, method: str) -> dict:
 @pytest.mark.parametrize("method", ["local", "enumeration"])
 def test_group_creation_methods_build_the_same_groups(method):
     results = run_distributed(groups_worker, 4, method)
-    from megascope.trainer.parallel_dims import ParallelDims
+    from megascope.trainer.parallel.parallel_dims import ParallelDims
 
     dims = ParallelDims(dp=2, tp=1, pp=2)
     for rank, r in enumerate(results):
@@ -159,7 +159,7 @@ def test_group_creation_methods_build_the_same_groups(method):
 
 
 def self_check_worker(rank: int, world: int, run_dir: str) -> dict:
-    from megascope.trainer.self_check import run_self_check
+    from megascope.trainer.robust.self_check import run_self_check
 
     return run_self_check(run_dir, rank, world, torch.device("cpu"), ["h0"] * world, 1, 0.5,
                           lambda bad: decide(bad, ["h0"], world, 1, 1, lambda dp: True))

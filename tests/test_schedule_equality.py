@@ -5,7 +5,7 @@ ScheduleExecutor would run (trainer/schedule_order.build_schedule)."""
 import pyarrow.parquet as pq
 import pytest
 
-from megascope.trainer.schedule_order import build_schedule
+from megascope.trainer.pipelining.schedule_order import build_schedule
 
 LAYOUTS = [(pp, vpp, m) for pp in range(1, 9) for vpp in range(1, 9) for m in range(1, 9)
            if vpp == 1 or (pp > 1 and m % pp == 0)]

@@ -1,6 +1,6 @@
 """Rank arithmetic of a 3D(+cp)-parallel job, with no dependencies: the one place that maps a rank to
 its (pp, dp, tp, cp) coordinates and back, and names its groups. The trainer's process groups
-(trainer/parallel_dims.py), the importers, the simulator and the analyzer's group instances all use it.
+(trainer/parallel/parallel_dims.py), the importers, the simulator and the analyzer's group instances all use it.
 
 Rank order is Megatron-LM's, tp fastest, then cp (context/sequence parallel), dp, pp:
 rank = tp + tp_size * (cp + cp_size * (dp + dp_size * pp)), so a tensor-parallel group stays inside

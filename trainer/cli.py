@@ -7,8 +7,8 @@ import sys
 
 from megascope.trainer.config import ConfigError, JobConfig, apply_overrides, load_toml, validate
 from megascope.trainer.config_docs import field_docs
-from megascope.trainer.faults import FaultSpec, FaultSpecError, parse_specs
 from megascope.trainer.presets import PRESETS, preset
+from megascope.trainer.robust.faults import FaultSpec, FaultSpecError, parse_specs
 
 # flag -> (section, field); every flag defaults to None so only flags the user gave override.
 FLAGS: dict[str, tuple[str, str, type]] = {

@@ -338,7 +338,7 @@ def validate(cfg: JobConfig, world_size: int | None = None) -> None:
 
 def check_layout(cfg: JobConfig) -> None:
     """Raise ConfigError when the layers, micro-batches and sequence do not split over the parallel
-    layout (validate before launch; trainer/parallelize.py again on each rank, where a config built
+    layout (validate before launch; trainer/parallel/parallelize.py again on each rank, where a config built
     in code may not have been validated)."""
     m, p, t = cfg.model, cfg.parallel, cfg.train
     if m.n_layers % (p.pp * p.vpp):

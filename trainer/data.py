@@ -30,7 +30,7 @@ import torch
 
 from megascope.tracer import comm
 from megascope.trainer.config import JobConfig
-from megascope.trainer.parallel_dims import ParallelDims
+from megascope.trainer.parallel.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:
     from torch.distributed import ProcessGroup

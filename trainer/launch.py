@@ -4,7 +4,7 @@ The elastic agent (the machinery behind torchrun) does rendezvous, process start
 teardown; Ctrl-C reaches it as SIGINT and it stops every rank. With restarts allowed
 (--max-restarts or robust.max_restarts) the agent restarts the whole worker group after a failure and
 the workers resume from the latest complete checkpoint. Next to the agent, a supervisor thread
-(trainer/supervisor.py) watches the ranks' heartbeats for silent ranks and stalls and stops the group.
+(trainer/robust/supervisor.py) watches the ranks' heartbeats for silent ranks and stalls and stops the group.
 """
 
 from __future__ import annotations
@@ -20,12 +20,17 @@ import uuid
 from pathlib import Path
 
 from megascope.tracer.run_dir import run_entries
-from megascope.trainer.checkpoint import CheckpointLayoutError, check_resumable, checkpoint_home, latest_complete_at
 from megascope.trainer.config import JobConfig
-from megascope.trainer.heartbeat import heartbeat_dir, read_heartbeats
 from megascope.trainer.object_store import upload_leftovers, use_url_run_dir
-from megascope.trainer.preflight import check_data, check_device, check_run_dir
-from megascope.trainer.supervisor import ControlPlaneHost, Supervisor, append_incident, process_alive
+from megascope.trainer.robust.checkpoint import (
+    CheckpointLayoutError,
+    check_resumable,
+    checkpoint_home,
+    latest_complete_at,
+)
+from megascope.trainer.robust.heartbeat import heartbeat_dir, read_heartbeats
+from megascope.trainer.robust.preflight import check_data, check_device, check_run_dir
+from megascope.trainer.robust.supervisor import ControlPlaneHost, Supervisor, append_incident, process_alive
 from megascope.trainer.watch_child import WatchChild
 
 

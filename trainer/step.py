@@ -20,8 +20,8 @@ from torch import nn
 
 from megascope import tracer
 from megascope.tracer import comm
-from megascope.trainer.parallelize import TrainState
-from megascope.trainer.tensor_parallel import sync_tp_grads
+from megascope.trainer.parallel.parallelize import TrainState
+from megascope.trainer.parallel.tensor_parallel import sync_tp_grads
 
 
 @dataclass

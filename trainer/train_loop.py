@@ -1,5 +1,6 @@
 """The training loop of one rank: resume, data, one 3D-parallel step, the steps table, progress on rank 0,
-checkpoints on robust's cadence (trainer/checkpoint_cadence.py; two-stage: the loop stalls only for the host copy)."""
+checkpoints on robust's cadence (trainer/robust/checkpoint_cadence.py; the loop stalls only for the
+host copy)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,18 @@ import torch
 import torch.distributed as dist
 
 from megascope import tracer as tracing
-from megascope.trainer.checkpoint import make_checkpoint_manager
-from megascope.trainer.checkpoint_cadence import CheckpointCadence, agree_max
 from megascope.trainer.config import JobConfig
-from megascope.trainer.faults import Faults
-from megascope.trainer.flops import model_flops_per_step
-from megascope.trainer.heartbeat import Heartbeat
 from megascope.trainer.lr_schedule import learning_rate
-from megascope.trainer.parallel_dims import ParallelDims
-from megascope.trainer.parallelize import parallelize
-from megascope.trainer.progress import Progress
+from megascope.trainer.modeling.flops import model_flops_per_step
+from megascope.trainer.parallel.parallel_dims import ParallelDims
+from megascope.trainer.parallel.parallelize import parallelize
+from megascope.trainer.robust.checkpoint import make_checkpoint_manager
+from megascope.trainer.robust.checkpoint_cadence import CheckpointCadence, agree_max
+from megascope.trainer.robust.faults import Faults
+from megascope.trainer.robust.heartbeat import Heartbeat
+from megascope.trainer.robust.supervisor import append_incident
 from megascope.trainer.step import train_step
-from megascope.trainer.supervisor import append_incident
+from megascope.trainer.step_log import StepLog
 
 
 def train(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults: Faults,
@@ -38,7 +39,7 @@ def train(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults: Faul
     active = tracing.active()
     if active is not None:
         active.sync_clocks(dims.groups["world"])
-    progress = Progress(cfg, dims) if rank == 0 else None
+    progress = StepLog(cfg, dims) if rank == 0 else None
     cadence = CheckpointCadence(cfg.robust, start_step, agree_max(dims.groups["world"], device))
     try:
         for step in range(start_step, cfg.train.steps):

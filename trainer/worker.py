@@ -16,10 +16,10 @@ import torch.distributed as dist
 
 from megascope.tracer.run_dir import update_manifest
 from megascope.trainer.config import JobConfig
-from megascope.trainer.faults import Faults, parse_specs
-from megascope.trainer.heartbeat import Heartbeat
-from megascope.trainer.parallel_dims import ParallelDims
-from megascope.trainer.peak_flops import detect_peak
+from megascope.trainer.modeling.peak_flops import detect_peak
+from megascope.trainer.parallel.parallel_dims import ParallelDims
+from megascope.trainer.robust.faults import Faults, parse_specs
+from megascope.trainer.robust.heartbeat import Heartbeat
 
 ONE_SHOT = ("crash", "hang")
 """Fault kinds that fire only in the first attempt (TORCHELASTIC_RESTART_COUNT == 0)."""
@@ -104,7 +104,7 @@ def _run(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank: int, lo
 def _self_check(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank: int,
                 hosts: list[tuple[str, int]], attempt: int) -> None:
     from megascope.trainer.config import ConfigError, validate
-    from megascope.trainer.self_check import SelfCheckError, decide, run_self_check
+    from megascope.trainer.robust.self_check import SelfCheckError, decide, run_self_check
 
     names = [h for h, _ in hosts]
     nodes = sorted(set(names))

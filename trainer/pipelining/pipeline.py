@@ -23,8 +23,8 @@ import torch.distributed as dist
 from torch import nn
 
 from megascope.tracer import comm
-from megascope.trainer.model import GPT
-from megascope.trainer.parallel_dims import ParallelDims
+from megascope.trainer.modeling.model import GPT
+from megascope.trainer.parallel.parallel_dims import ParallelDims
 
 
 @dataclass(frozen=True)

@@ -28,10 +28,10 @@ import torch
 import torch.distributed as dist
 
 from megascope.tracer import comm
-from megascope.trainer.parallel_dims import ParallelDims
+from megascope.trainer.parallel.parallel_dims import ParallelDims
 
 if TYPE_CHECKING:
-    from megascope.trainer.faults import Faults
+    from megascope.trainer.robust.faults import Faults
 
 FORWARD, BACKWARD = "forward", "backward"
 

@@ -16,16 +16,21 @@ import torch.distributed as dist
 from torch import nn
 
 from megascope.trainer.config import ConfigError, JobConfig, check_layout, micro_batches
-from megascope.trainer.data_parallel import DistributedOptimizer
-from megascope.trainer.faults import Faults
-from megascope.trainer.model import GPT
-from megascope.trainer.p2p import PipeComm
-from megascope.trainer.parallel_dims import ParallelDims
-from megascope.trainer.pipeline import PipelineChunk, TiedEmbeddingSync, split_into_chunks, tied_embedding_weight
-from megascope.trainer.recompute import apply_recompute
-from megascope.trainer.schedule_order import Action, build_schedule, schedule_name
-from megascope.trainer.schedules import ScheduleExecutor
-from megascope.trainer.tensor_parallel import apply_tp
+from megascope.trainer.modeling.model import GPT
+from megascope.trainer.modeling.recompute import apply_recompute
+from megascope.trainer.parallel.data_parallel import DistributedOptimizer
+from megascope.trainer.parallel.parallel_dims import ParallelDims
+from megascope.trainer.parallel.tensor_parallel import apply_tp
+from megascope.trainer.pipelining.p2p import PipeComm
+from megascope.trainer.pipelining.pipeline import (
+    PipelineChunk,
+    TiedEmbeddingSync,
+    split_into_chunks,
+    tied_embedding_weight,
+)
+from megascope.trainer.pipelining.schedule_order import Action, build_schedule, schedule_name
+from megascope.trainer.pipelining.schedules import ScheduleExecutor
+from megascope.trainer.robust.faults import Faults
 
 
 @dataclass

@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed import ReduceOp
 
-from megascope.trainer import tp_mappings
-from megascope.trainer.model import PositionEmbedding
+from megascope.trainer.modeling.model import PositionEmbedding
+from megascope.trainer.parallel import tp_mappings
 
 
 def _shard(full: torch.Tensor, group: dist.ProcessGroup | None, dim: int, what: str) -> nn.Parameter:

@@ -25,9 +25,9 @@ import torch.distributed as dist
 from torch import nn
 
 from megascope.tracer import comm
-from megascope.trainer.model import GPT, Block
-from megascope.trainer.parallel_dims import ParallelDims
-from megascope.trainer.tp_layers import (
+from megascope.trainer.modeling.model import GPT, Block
+from megascope.trainer.parallel.parallel_dims import ParallelDims
+from megascope.trainer.parallel.tp_layers import (
     ColumnParallelLinear,
     RowParallelLinear,
     SequenceParallelPositions,
@@ -35,7 +35,7 @@ from megascope.trainer.tp_layers import (
     VocabParallelEmbedding,
     _replicated,
 )
-from megascope.trainer.tp_mappings import all_gather_along
+from megascope.trainer.parallel.tp_mappings import all_gather_along
 
 
 def apply_tp(model: GPT, dims: ParallelDims, sequence_parallel: bool) -> None:

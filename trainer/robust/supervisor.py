@@ -1,6 +1,6 @@
 """Driver-side monitor of `megascope train` (MegaScale 4.1-4.2), a thread next to elastic_launch.
 
-It reads the ranks' heartbeats (trainer/heartbeat.py) from the job's control store (the TCPStore the
+It reads the ranks' heartbeats (trainer/robust/heartbeat.py) from the job's control store (the TCPStore the
 node-0 driver hosts, tracer/control_store.py; RUN/heartbeats/ files only when it is given no store) and
 detects
   dead_rank    a local worker of the current attempt exited without reporting `done` (the elastic
@@ -34,8 +34,8 @@ from megascope.tracer.control_store import ControlStore
 from megascope.tracer.run_dir import write_json_atomic
 from megascope.tracer.watchdog import persist_inflight
 from megascope.trainer.config import RobustConfig
-from megascope.trainer.heartbeat import KIND as HEARTBEAT
-from megascope.trainer.heartbeat import read_heartbeat_files
+from megascope.trainer.robust.heartbeat import KIND as HEARTBEAT
+from megascope.trainer.robust.heartbeat import read_heartbeat_files
 
 INCIDENTS = "incidents.jsonl"
 

@@ -3,7 +3,7 @@ published every `interval_s` by a daemon thread.
 
 Where: the job's control store (tracer/control_store.py: the TCPStore that `megascope train`'s node-0
 driver hosts, named to the ranks by $MEGASCOPE_CONTROL_STORE), so the driver-side supervisor
-(trainer/supervisor.py) on any host reads every rank's beat without a shared filesystem. Without a
+(trainer/robust/supervisor.py) on any host reads every rank's beat without a shared filesystem. Without a
 store (a rank started by hand, a unit test) the beat is a file, RUN/heartbeats/rank=NNNNN.json, written
 atomically: the file fallback, which needs a directory every host sees. Each beat carries a sequence
 number, so the reader judges silence by its own clock (no cross-host clock skew). The thread keeps

@@ -1,4 +1,4 @@
-"""The executor that runs a stage's pipeline schedule (trainer/schedule_order.py) for one step:
+"""The executor that runs a stage's pipeline schedule (trainer/pipelining/schedule_order.py) for one step:
 forward and backward of each chunk, the transfers they imply, tracing and fault hooks."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Callable, ContextManager
 import torch
 
 from megascope import tracer as tracing
-from megascope.trainer.p2p import message_tag
-from megascope.trainer.schedule_order import BACKWARD, FORWARD, Action
+from megascope.trainer.pipelining.p2p import message_tag
+from megascope.trainer.pipelining.schedule_order import BACKWARD, FORWARD, Action
 
 if TYPE_CHECKING:
-    from megascope.trainer.faults import Faults
-    from megascope.trainer.p2p import PipeComm
+    from megascope.trainer.pipelining.p2p import PipeComm
+    from megascope.trainer.robust.faults import Faults
 
 
 class ScheduleExecutor:

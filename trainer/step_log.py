@@ -7,11 +7,11 @@ import statistics
 
 from megascope.tracer.run_dir import read_manifest
 from megascope.trainer.config import JobConfig
-from megascope.trainer.flops import model_flops_per_step
-from megascope.trainer.parallel_dims import ParallelDims
+from megascope.trainer.modeling.flops import model_flops_per_step
+from megascope.trainer.parallel.parallel_dims import ParallelDims
 
 
-class Progress:
+class StepLog:
     def __init__(self, cfg: JobConfig, dims: ParallelDims) -> None:
         self.cfg = cfg
         self.world = dims.world_size

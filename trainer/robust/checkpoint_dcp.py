@@ -39,9 +39,9 @@ import torch.distributed as dist
 
 from megascope import tracer as tracing
 from megascope.tracer import comm
-from megascope.trainer import checkpoint_io as cio
 from megascope.trainer.config import JobConfig
-from megascope.trainer.parallel_dims import ParallelDims
+from megascope.trainer.parallel.parallel_dims import ParallelDims
+from megascope.trainer.robust import checkpoint_io as cio
 
 FORMAT = "dcp"
 FIELDS = ("master", "exp_avg", "exp_avg_sq")
@@ -91,7 +91,7 @@ class DcpCheckpointManager:
     (save, close, resume, stalls_s, write_s, errors); every rank calls save/resume/close."""
 
     def __init__(self, cfg: JobConfig, dims: ParallelDims, rank: int, device: torch.device) -> None:
-        from megascope.trainer.checkpoint import checkpoint_home, layout_of
+        from megascope.trainer.robust.checkpoint import checkpoint_home, layout_of
 
         self.cfg, self.dims, self.rank, self.device = cfg, dims, rank, device
         self.root = checkpoint_home(cfg)
@@ -201,7 +201,7 @@ class DcpCheckpointManager:
             future.result()
             self.write_s.append(time.perf_counter() - started)
             if self.rank == 0:
-                from megascope.trainer.checkpoint import prune_at, publish_manifest
+                from megascope.trainer.robust.checkpoint import prune_at, publish_manifest
 
                 publish_manifest(path, {"format": FORMAT, "step": step, "layout": self.layout,
                                         "world": self.dims.world_size, "mode": "dcp-async",
@@ -235,7 +235,7 @@ class DcpCheckpointManager:
     def resume(self, state: Any) -> int:
         """Load the latest complete checkpoint into `state`, resharding across dp when the layout
         changed; returns the step to continue from (0 if none). Collective."""
-        from megascope.trainer.checkpoint import check_resumable, drop_newer_at, latest_complete_at
+        from megascope.trainer.robust.checkpoint import check_resumable, drop_newer_at, latest_complete_at
 
         info = latest_complete_at(self.root) if self.rank == 0 else None
         step = torch.tensor([info.step if info is not None else -1], dtype=torch.int64, device=self.device)

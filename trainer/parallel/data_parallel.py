@@ -31,9 +31,9 @@ from torch import nn
 
 from megascope.tracer import comm
 from megascope.trainer.config import ParallelConfig, TrainConfig
-from megascope.trainer.grad_buckets import Bucket, ChunkBuffers
 from megascope.trainer.optimizers import AdamW, ShardLayout, build_optimizer
-from megascope.trainer.parallel_dims import ParallelDims
+from megascope.trainer.parallel.grad_buckets import Bucket, ChunkBuffers
+from megascope.trainer.parallel.parallel_dims import ParallelDims
 
 MiB = 1 << 20
 PREFETCH_BUCKETS = 1

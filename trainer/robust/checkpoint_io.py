@@ -1,4 +1,4 @@
-"""The mechanics under trainer/checkpoint.py: host snapshots of a state tree, atomic shard files, and
+"""The mechanics under trainer/robust/checkpoint.py: host snapshots of a state tree, atomic shard files, and
 broadcasting a state tree from one rank to its group.
 
 A state tree is nested dicts/lists of tensors and plain values (ints, floats, bools, strings).

@@ -1,6 +1,6 @@
 """Two-stage checkpoints (MegaScale 4.4): snapshot to host memory, persist in the background.
 
-This is robust.checkpoint_format = "snapshot"; the default, "dcp" (trainer/checkpoint_dcp.py: the same
+This is robust.checkpoint_format = "snapshot"; the default, "dcp" (trainer/robust/checkpoint_dcp.py: the same
 host snapshot, written by torch.distributed.checkpoint, reshardable across dp, to a path or an fsspec
 URL), shares this module's listing, manifest, pruning and layout checks (`list_complete_at`,
 `publish_manifest`, `check_resumable`); `make_checkpoint_manager` picks the manager.
@@ -39,10 +39,10 @@ import torch.distributed as dist
 from megascope import tracer as tracing
 from megascope.tracer import comm
 from megascope.tracer.run_dir import write_json_atomic
-from megascope.trainer import checkpoint_io as cio
-from megascope.trainer.checkpoint_io import broadcast_tree, host_snapshot, save_file
 from megascope.trainer.config import JobConfig
-from megascope.trainer.parallel_dims import ParallelDims
+from megascope.trainer.parallel.parallel_dims import ParallelDims
+from megascope.trainer.robust import checkpoint_io as cio
+from megascope.trainer.robust.checkpoint_io import broadcast_tree, host_snapshot, save_file
 
 FORMAT = 1
 MANIFEST = "manifest.json"
@@ -392,7 +392,7 @@ class CheckpointManager:
 def make_checkpoint_manager(cfg: JobConfig, dims: ParallelDims, rank: int, device: torch.device) -> Any:
     """The manager robust.checkpoint_format names: DCP (checkpoint_dcp.py) or the two-stage snapshot."""
     if getattr(cfg.robust, "checkpoint_format", "snapshot") == "dcp":
-        from megascope.trainer.checkpoint_dcp import DcpCheckpointManager
+        from megascope.trainer.robust.checkpoint_dcp import DcpCheckpointManager
 
         return DcpCheckpointManager(cfg, dims, rank, device)
     return CheckpointManager(cfg, dims, rank, device)

@@ -4,7 +4,7 @@
 - selective: recompute only the attention core (softmax(QK^T)V): it holds the O(s^2) activations but
              costs few FLOPs to redo, so it saves most of the memory for ~2-4% extra compute.
 - full:      keep only each block's input and rerun the whole block in backward (one extra forward,
-             Megatron's 96 B s l h^2 hardware-FLOP count; see trainer/flops.py).
+             Megatron's 96 B s l h^2 hardware-FLOP count; see trainer/modeling/flops.py).
 
 Implemented with torch.utils.checkpoint (non-reentrant) by wrapping the target module's `forward` on
 the instance, so parameter names, optimizer buckets and hooks are unchanged. The tensor-parallel
@@ -22,7 +22,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from megascope.trainer.config import RECOMPUTE_MODES
-from megascope.trainer.model import Block
+from megascope.trainer.modeling.model import Block
 
 MODES = RECOMPUTE_MODES  # parallel.recompute's choices (config.Recompute)
 

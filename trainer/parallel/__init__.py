@@ -1,0 +1,1 @@
+"""Tensor and data parallelism: the process groups, the layers and autograd mappings, ZeRO and gradient buckets."""

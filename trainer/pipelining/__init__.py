@@ -1,0 +1,1 @@
+"""Pipeline parallelism: stages, point-to-point transfers, schedules and their op order."""

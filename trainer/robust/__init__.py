@@ -1,0 +1,1 @@
+"""Robust training: supervisor, heartbeats, checkpoints, self-checks, preflight and fault injection."""

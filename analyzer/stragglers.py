@@ -30,7 +30,7 @@ import pandas as pd
 
 from megascope.analyzer.episodes import binomial_tail, change_point, cusum_stretches, persistent_runs
 from megascope.analyzer.finding_merge import merge_hosts, merge_tp_groups
-from megascope.analyzer.findings import MIN_LATENESS_S, Finding, hosts_of
+from megascope.analyzer.findings import Finding, hosts_of
 from megascope.analyzer.peer_stats import noise_sigma, rank_step_scores
 from megascope.analyzer.store import Store
 
@@ -57,7 +57,6 @@ class StragglerConfig:
     late_min_count: int = 3
     late_max_period: int = 10
     imbalance_ratio: float = 1.05
-    min_lateness_s: float = MIN_LATENESS_S
     chance_alpha: float = 0.01
     """A stretch is kept only when as many flagged steps among its steps, at the run's own flag rate,
     have a chance below this of happening anywhere in the run (x ranks x steps it could start at).

@@ -34,8 +34,10 @@ import sys
 import time
 from pathlib import Path
 
-METRICS = ["compute", "forward", "backward", "exposed_comm", "lateness", "step_time", "mfu"]
-GROUPS = ["rank", "dp", "pp", "tp", "host"]
+from megascope.analyzer import heatmap
+
+METRICS = list(heatmap.METRICS)  # the dashboard's metrics and groupings, one definition (analyzer/heatmap.py)
+GROUPS = list(heatmap.GROUPS)
 STRAGGLER, ONSET, SLOWDOWN = 1000, 400, 1.3
 
 # the summary's columns (analyzer/summary_cache.py) from a timing model; {f} forward per micro-batch

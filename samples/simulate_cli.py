@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from megascope.cli import DefaultsHelpFormatter
+from megascope.trainer.robust.faults import SIMULATE_KINDS, usage
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -23,9 +24,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--micro-batches", type=int, default=8, help="micro-batches per step")
     p.add_argument("--seed", type=int, default=0, help="seed of the timing noise")
     p.add_argument("--inject", action="append", default=[], metavar="SPEC",
-                   help="fault: straggler:rank=R,slowdown=X[,from=S][,to=S] | late_launch:rank=R,ms=M[,every=K] | "
-                        "flap:ranks=A-B,down_ms=D,period_steps=P | hang:rank=R,at=S | "
-                        "imbalance:stage=P,slowdown=X | slow_link:ranks=A-B,factor=X")
+                   help="fault: " + usage(SIMULATE_KINDS))
     p.add_argument("--force", action="store_true", help="overwrite OUT if it already holds a run")
     return p
 

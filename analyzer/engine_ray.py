@@ -10,8 +10,14 @@ loop as the local engine, then merges centrally what needs every batch: the coll
 from their partials (a group instance spans batches), the late arrivals, the incomplete-data rules
 and the detectors. The tables are the local engine's (tests/test_engine_ray.py).
 
-Every worker must reach the run directory at the same path (a shared filesystem today) and have
-megascope installed (`pip install 'megascope[ray]'`).
+A run on object storage (`analyze s3://bucket/run --engine ray`) needs no shared filesystem: the task
+gets the URL and mirrors only its batch's events and steps segments (and run.json) into its worker's
+own cache ($MEGASCOPE_CACHE_DIR on that host, remote_run.sync with a RankFilter), while the driver keeps
+a partial mirror of the few ranks it reads itself (remote_run.PartialMirror). The workers read the
+bucket through the AWS chain of their own environment; the driver's AWS_* variables are set on every
+task (Ray's runtime_env), so a cluster started without them still reaches the bucket. A local run
+directory must be reachable by every worker under the same path. Workers need megascope installed
+(`pip install 'megascope[ray]'`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,10 @@ from typing import Any
 
 from megascope.analyzer.event_pass import BATCH_TABLES, PassPlan, define_sql, scan_batch
 from megascope.analyzer.store import Store
+from megascope.tracer.storage import is_url
+
+TASK_TABLES = ("events", "steps")
+"""What a task reads of its batch's rank folders (scan_batch), so all it mirrors of a URL run."""
 
 
 class EngineError(RuntimeError):
@@ -50,7 +60,14 @@ def _ray(local: bool = False):
 def scan_batch_arrow(run_dir: str, prefixes: list[str] | None, plan: PassPlan, threads: int = 1) -> dict[str, Any]:
     """The batch function as a task runs it: open the run, scan one batch, return its tables as Arrow
     (`tables`: BATCH_TABLES -> pyarrow.Table) and the damaged segments the batch found (`damaged`:
-    (table, path, error) for Store.adopt_damaged)."""
+    (table, path relative to the run, error), for Store.adopt_damaged once made the driver's path).
+    A URL `run_dir` (object storage) is first mirrored into this worker's own cache, the batch's events
+    and steps segments only (remote_run.sync with a RankFilter), plus run.json and the small files."""
+    if is_url(run_dir):
+        from megascope.analyzer.remote_run import RankFilter, mirror_folder, sync
+        folder = mirror_folder(run_dir)
+        sync(run_dir, folder, ranks=RankFilter(prefixes or ["rank=*"], TASK_TABLES))
+        run_dir = str(folder)
     store = Store(run_dir, threads=threads)
     define_sql(store)
     store.run_with_retry(lambda: scan_batch(store, prefixes, plan))
@@ -59,9 +76,16 @@ def scan_batch_arrow(run_dir: str, prefixes: list[str] | None, plan: PassPlan, t
     for table, path in store.damaged:
         prefix = f"skipped damaged segment {os.path.relpath(path, store.path)}: "
         error = next((w[len(prefix):] for w in store.warnings if w.startswith(prefix)), "damaged")
-        damaged.append((table, path, error))
+        damaged.append((table, os.path.relpath(path, store.path), error))
     store.con.close()
     return {"tables": tables, "damaged": damaged}
+
+
+def forwarded_env() -> dict[str, str]:
+    """The driver's AWS_* variables (credentials, region, endpoint), set on every task: a worker
+    reads the bucket through the standard AWS chain of its own environment, which the cluster's
+    `ray start` may not have."""
+    return {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
 
 
 class RayEngine:
@@ -85,12 +109,14 @@ class RayEngine:
 
     def map_batches(self, store: Store, batches: list[list[str] | None], plan: PassPlan) -> Iterator[int]:
         ray = _ray()
-        run_dir = str(store.path.resolve())
-        task = self._task.options(num_cpus=self.cpus_per_task)
+        # a run on object storage (remote_run.PartialMirror): the URL, each task mirrors its own batch
+        run_dir = getattr(store, "url", None) or str(store.path.resolve())
+        env = forwarded_env()
+        task = self._task.options(num_cpus=self.cpus_per_task, **({"runtime_env": {"env_vars": env}} if env else {}))
         refs = [task.remote(run_dir, prefixes, plan, self.cpus_per_task) for prefixes in batches]
         for i, ref in enumerate(refs):
             result = ray.get(ref)
-            store.adopt_damaged(result["damaged"])
+            store.adopt_damaged([(table, str(store.path / rel), error) for table, rel, error in result["damaged"]])
             for name, table in result["tables"].items():
                 store.con.register(name, table)
             try:

@@ -16,13 +16,16 @@ and the damaged-segment handling, the summary cache and the watcher's window wor
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from fnmatch import fnmatchcase
 from pathlib import Path
 
-from megascope.analyzer.store import RunOpenError
-from megascope.tracer.run_dir import MANIFEST
+from megascope.analyzer.store import RunOpenError, Store, prefix_batches
+from megascope.tracer.run_dir import MANIFEST, table_dir
 from megascope.tracer.schema import TABLES
 from megascope.tracer.sink import SEGMENT_RE
 from megascope.tracer.storage import Location, StorageError, is_url, local_folder_for, locate
@@ -41,10 +44,35 @@ def _immutable(name: str) -> bool:
     return len(parts) == 3 and parts[0] in TABLES and bool(SEGMENT_RE.match(parts[2]))
 
 
-def sync(url: str, folder: Path | None = None, require_run: bool = True) -> int:
+class RankFilter:
+    """Which segments a partial mirror holds: those of `tables` (None: every table) in the rank
+    folders matching one of `patterns`: exact names (`rank=00042`, a set lookup) or fnmatch patterns
+    (a batch of the event pass, `rank=01???`)."""
+
+    def __init__(self, patterns: Iterable[str], tables: Iterable[str] | None = None) -> None:
+        self.patterns = tuple(patterns)
+        self.tables = None if tables is None else frozenset(tables)
+        self._exact = frozenset(p for p in self.patterns if not any(c in p for c in "*?["))
+        self._wild = tuple(p for p in self.patterns if p not in self._exact)
+
+    def keeps(self, name: str) -> bool:
+        """`name`: a segment's path relative to the run (<table>/rank=NNNNN/seg-*.parquet)."""
+        table, folder = name.split("/")[:2]
+        if self.tables is not None and table not in self.tables:
+            return False
+        return folder in self._exact or any(fnmatchcase(folder, p) for p in self._wild)
+
+
+def sync(url: str, folder: Path | None = None, require_run: bool = True, ranks: RankFilter | None = None) -> int:
     """Bring the mirror of `url` up to date; returns the number of objects fetched. Raises
-    RunOpenError (one line) for an unreachable store, a missing bucket, or (require_run) no run.json."""
-    folder = folder or mirror_folder(url)
+    RunOpenError (one line) for an unreachable store, a missing bucket, or (require_run) no run.json.
+    `ranks`: mirror only the segments that filter keeps (a Ray task's batch, the driver's few ranks);
+    the small non-segment files (run.json, incidents, in-flight records) are fetched all the same."""
+    return _sync(url, folder or mirror_folder(url), require_run, ranks)[0]
+
+
+def _sync(url: str, folder: Path, require_run: bool, ranks: RankFilter | None) -> tuple[int, dict[str, int]]:
+    """`sync`, also returning the listing of the whole run (relative name -> size; {} without a run)."""
     try:
         location = locate(url)
         remote = location.list_files()
@@ -54,16 +82,17 @@ def sync(url: str, folder: Path | None = None, require_run: bool = True) -> int:
                 raise RunOpenError(f"{location.display} is not a megascope run (no {MANIFEST} under it); pass the "
                                    "--run-dir of a `megascope train` or the OUT of `megascope simulate`/`import`")
             folder.mkdir(parents=True, exist_ok=True)
-            return 0
+            return 0, {}
         manifest = location.read_bytes(MANIFEST)
         _forget_other_run(folder, manifest)
         fetch = [name for name, size in remote.items() if name != MANIFEST and not (
-            _immutable(name) and _local_size(folder / name) == size)]
+            _immutable(name) and _local_size(folder / name) == size)
+            and (ranks is None or not _immutable(name) or ranks.keeps(name))]
         with ThreadPoolExecutor(max_workers=FETCH_THREADS) as pool:
             list(pool.map(lambda name: _fetch(location, name, folder), fetch))
         # read again after the data: a writer may have updated it meanwhile (clock offsets, restarts)
         _write_local(folder / MANIFEST, location.read_bytes(MANIFEST))
-        return len(fetch) + 1
+        return len(fetch) + 1, remote
     except StorageError as exc:
         raise RunOpenError(str(exc)) from None
     except FileNotFoundError as exc:  # an object listed a moment ago is gone: the run was deleted
@@ -96,8 +125,6 @@ def _fetch(location: Location, name: str, folder: Path) -> None:
 
 def _write_local(path: Path, data: bytes) -> None:
     """Temporary name + rename: a reader of the mirror (DuckDB's glob skips dot files) never sees half."""
-    import os
-
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     tmp.write_bytes(data)
@@ -111,6 +138,65 @@ def local_run_dir(run: str | Path, require_run: bool = True) -> Path:
     folder = mirror_folder(str(run))
     sync(str(run), folder, require_run=require_run)
     return folder
+
+
+class PartialMirror(Store):
+    """The driver's Store of a run on object storage whose event pass runs elsewhere (`analyze URL
+    --engine ray`: each task mirrors its own batch where it runs). Its mirror starts with run.json and
+    the small files only; the segments of a rank are fetched the first time something here reads that
+    rank (table_source, batch_source: the first rank for the time origin and the wait-row check, the
+    timeline check's sample, a what-if window, a damaged segment a task reported), all of them when a
+    reader asks for every rank. The event pass's batches are planned from the bucket's listing."""
+
+    def __init__(self, url: str, threads: int | None = None) -> None:
+        self.url = url
+        folder = mirror_folder(url)
+        listing = _sync(url, folder, True, RankFilter(()))[1]
+        self._remote_folders = {t: {n.split("/")[1] for n in listing if _immutable(n) and n.startswith(t + "/")}
+                                for t in TABLES}
+        self._held: set[str] | None = set()  # rank folders fetched by this process (None: all of them)
+        super().__init__(folder, threads=threads)
+        if any(name.startswith("inflight/") for name in listing):
+            # a hang: its analysis reads the suspects' last events from the `events` view directly
+            self.ensure_ranks(None)
+
+    def ensure_ranks(self, folders: set[str] | None) -> None:
+        """Mirror the segments of these rank folders (None: every rank) and add them to the views."""
+        if self._held is None or (folders is not None and folders <= self._held):
+            return
+        missing = None if folders is None else folders - self._held
+        sync(self.url, self.path, ranks=None if missing is None else RankFilter(sorted(missing)))
+        self._held = None if missing is None else self._held | missing
+        for table in TABLES:
+            found = self._list_segments(table)
+            if found == self._all_files[table]:
+                continue
+            dropped = {path for t, path in self.damaged if t == table}
+            self._all_files[table] = found
+            self.files[table] = [f for f in found if f not in dropped]
+            self.run_with_retry(lambda: self._make_view(table))
+
+    def rank_prefix_batches(self, batch_ranks: int, tables: tuple[str, ...] = ("events", "steps")
+                            ) -> list[list[str]] | None:
+        return prefix_batches(set().union(*(self._remote_folders[t] for t in tables)), batch_ranks)
+
+    def table_source(self, table: str, ranks: list[int] | None) -> str:
+        whole = ranks is None or len(ranks) > 4096  # Store.table_source reads the view then
+        folders = None if whole else {table_dir(self.path, table, int(r)).name for r in ranks or []}
+        self.ensure_ranks(folders)
+        return super().table_source(table, ranks)
+
+    def batch_source(self, table: str, patterns: list[str] | None) -> str:
+        if patterns is None:
+            self.ensure_ranks(None)
+        else:
+            self.ensure_ranks({f for f in self._remote_folders[table] if RankFilter(patterns).keeps(f"{table}/{f}/")})
+        return super().batch_source(table, patterns)
+
+    def adopt_damaged(self, damaged: list[tuple[str, str, str]]) -> None:
+        """Their ranks are mirrored first: the incomplete-data bounds read the damaged segment's neighbours."""
+        self.ensure_ranks({os.path.basename(os.path.dirname(path)) for _, path, _ in damaged})
+        super().adopt_damaged(damaged)
 
 
 class Follower:

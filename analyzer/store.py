@@ -265,23 +265,8 @@ class Store:
         events with its own steps; globs over patterns bind much faster than lists of 10^4 paths.
         None: a small run, one batch (the views). Turn a batch into SQL with `batch_source` inside the
         action given to run_with_retry: a damaged segment found mid-pass changes the source."""
-        dirs = sorted({os.path.basename(os.path.dirname(f)) for t in tables for f in self.files[t]})
-        if len(dirs) <= batch_ranks:
-            return None
-        wild = max(0, min(3, len(str(batch_ranks)) - 1))  # 1024 -> 3 digits (1000 ranks a pattern)
-        by_pattern: dict[str, int] = {}
-        for name in dirs:
-            pattern = name[:len(name) - wild] + "?" * wild
-            by_pattern[pattern] = by_pattern.get(pattern, 0) + 1
-        batches: list[list[str]] = [[]]
-        count = 0
-        for pattern, n in by_pattern.items():
-            if count and count + n > batch_ranks:
-                batches.append([])
-                count = 0
-            batches[-1].append(pattern)
-            count += n
-        return batches
+        return prefix_batches({os.path.basename(os.path.dirname(f)) for t in tables for f in self.files[t]},
+                              batch_ranks)
 
     def batch_source(self, table: str, patterns: list[str] | None) -> str:
         """SQL source of one table's segments in the rank folders matching `patterns` (one batch of
@@ -329,6 +314,28 @@ class Store:
 
     def arrow(self, sql: str, params: dict | list | None = None) -> pa.Table:
         return self.run_with_retry(lambda: self.con.execute(sql, params or {}).to_arrow_table())
+
+
+def prefix_batches(folders: set[str], batch_ranks: int) -> list[list[str]] | None:
+    """Store.rank_prefix_batches over a set of rank-folder names (a partial mirror plans from its
+    bucket's listing)."""
+    dirs = sorted(folders)
+    if len(dirs) <= batch_ranks:
+        return None
+    wild = max(0, min(3, len(str(batch_ranks)) - 1))  # 1024 -> 3 digits (1000 ranks a pattern)
+    by_pattern: dict[str, int] = {}
+    for name in dirs:
+        pattern = name[:len(name) - wild] + "?" * wild
+        by_pattern[pattern] = by_pattern.get(pattern, 0) + 1
+    batches: list[list[str]] = [[]]
+    count = 0
+    for pattern, n in by_pattern.items():
+        if count and count + n > batch_ranks:
+            batches.append([])
+            count = 0
+        batches[-1].append(pattern)
+        count += n
+    return batches
 
 
 def _segment_order(path: str) -> tuple[int, str]:

@@ -1,7 +1,8 @@
 """`megascope analyze --engine ray`: the event pass's batches as Ray tasks on a real local Ray cluster
 (2 worker CPUs, started here with `ray start --head` on 127.0.0.1), merged by the driver; the tables
 and findings are those of the local engine, for both event-pass variants and with a damaged segment
-that only the workers find."""
+that only the workers find. A run on object storage (a moto S3 server on 127.0.0.1): each task mirrors
+only its batch's ranks on its worker, the driver only the few ranks it reads itself."""
 
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from megascope.analyzer.run import Run  # noqa: E402
 from megascope.analyzer.store import Store  # noqa: E402
 
 RAY = str(Path(sys.executable).parent / "ray")
+CLUSTER_TEMP: dict[str, str] = {}
+"""The running cluster's temp folder (its workers' MEGASCOPE_CACHE_DIR is under it)."""
 
 
 def _free_port() -> int:
@@ -44,12 +47,15 @@ def cluster():
     """A local Ray cluster: one head node with 2 CPUs (two tasks at a time), its address."""
     port = _free_port()
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    CLUSTER_TEMP["dir"] = temp
     cmd = [RAY, "start", "--head", "--num-cpus", "2", "--port", str(port), "--node-ip-address", "127.0.0.1",
            "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", temp,
            "--object-store-memory", str(200 * 2**20),
            "--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port", str(_free_port())]
     try:
-        started = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        # the workers' own cache (their mirrors of a URL run), apart from any driver's
+        env = {**os.environ, "MEGASCOPE_CACHE_DIR": str(Path(temp) / "worker-cache")}
+        started = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
         assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
         yield f"127.0.0.1:{port}"
     finally:
@@ -150,3 +156,96 @@ def test_cli_engine_ray(run_dir, cluster, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "megascope", "analyze", str(copy), "--address", cluster],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "add --engine ray" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _segments_by_rank(root: Path) -> dict[str, set[str]]:
+    """table -> rank folders holding at least one segment under `root` (a mirror)."""
+    return {t: {p.parent.name for p in (root / t).glob("rank=*/*.parquet")} for t in ("events", "steps", "gpu")}
+
+
+@pytest.fixture(scope="module")
+def bucket(tmp_path_factory):
+    """A moto S3 server on 127.0.0.1 holding a simulated 16-rank run (written by `megascope simulate URL`),
+    and the same run simulated locally: (S3Server, url, local copy)."""
+    from tests.test_object_storage import BUCKET, S3Server, _aws_env, _start_moto, _stop
+
+    proc, endpoint = _start_moto()
+    try:
+        s3 = S3Server(_aws_env(endpoint, tmp_path_factory.mktemp("driver-cache")), endpoint)
+        s3.fs.create_dir(BUCKET)
+        url = f"s3://{BUCKET}/runs/ray-16"
+        args = ["--dp", "2", "--tp", "2", "--pp", "4", "--steps", "8", "--inject",
+                "straggler:rank=9,slowdown=0.5,from=3", "--inject", "late_launch:rank=5,ms=20,every=2,from=1"]
+        copy = tmp_path_factory.mktemp("sim") / "run"
+        for target in (url, str(copy)):  # simulate is deterministic: the bucket's run and a local one
+            done = s3.megascope("simulate", target, *args)
+            assert done.returncode == 0, done.stderr[-3000:]
+        yield s3, url, copy
+    finally:
+        _stop(proc)
+
+
+def _mirror(cache: Path, url: str) -> Path:
+    return cache / "mirrors" / "s3" / url.removeprefix("s3://")
+
+
+def test_url_run_each_task_mirrors_its_batch(bucket, cluster):
+    """`analyze s3://... --engine ray`: the findings of the local engine on a local copy; the driver's
+    mirror holds the segments of rank 0 only (the time origin, the wait-row check), the workers'
+    mirrors every rank's events and steps. The cluster was started without AWS variables: the tasks
+    reach the bucket only through the driver's AWS_* that the engine forwards."""
+    s3, url, copy = bucket
+    out = {}
+    for name, target, extra in (("local", str(copy), []), ("ray", url, ["--engine", "ray", "--address", cluster])):
+        done = s3.megascope("analyze", target, "--json", "--no-what-if", *extra)
+        assert done.returncode == 0, done.stderr[-3000:]
+        out[name] = json.loads(done.stdout)
+    assert out["local"]["findings"] and out["local"]["findings"] == out["ray"]["findings"]
+    assert out["local"]["mfu"] == out["ray"]["mfu"]
+    driver = _mirror(Path(s3.env["MEGASCOPE_CACHE_DIR"]), url)
+    held = _segments_by_rank(driver)
+    assert (driver / "run.json").is_file()
+    assert held == {"events": {"rank=00000"}, "steps": {"rank=00000"}, "gpu": set()}, held
+    ranks = {f"rank={r:05d}" for r in range(16)}
+    worker = _segments_by_rank(_mirror(Path(CLUSTER_TEMP["dir"]) / "worker-cache", url))
+    assert worker == {"events": ranks, "steps": ranks, "gpu": set()}
+
+
+def test_url_run_in_batches_with_a_damaged_segment(bucket, cluster, monkeypatch, tmp_path):
+    """Two batches of rank patterns (rank=0000?, rank=0001?) planned from the bucket's listing, and a
+    truncated events segment of rank 6 that only a task finds: the local engine's tables on a local
+    copy, and the driver mirrors rank 6 (for the incomplete-data bounds) besides rank 0."""
+    from megascope.analyzer.remote_run import PartialMirror
+    from megascope.tracer.storage import locate
+
+    s3, _, copy = bucket
+    damaged = tmp_path / "run"
+    shutil.copytree(copy, damaged, ignore=shutil.ignore_patterns("analysis"))
+    victim = sorted((damaged / "events" / "rank=00006").glob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])
+    for name, value in s3.env.items():
+        if name.startswith("AWS_"):
+            monkeypatch.setenv(name, value)
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MEGASCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    url = "s3://megascope-test/runs/ray-16-damaged"
+    location = locate(url)
+    files = sorted(p for p in damaged.rglob("*") if p.is_file())
+    for path in sorted(files, key=lambda p: p.name == "run.json"):  # the manifest last
+        location.write_bytes(path.relative_to(damaged).as_posix(), path.read_bytes())
+    monkeypatch.setattr(ep, "BATCH_RANKS", 10)
+    local = Run(Store(damaged))
+    remote = Run(PartialMirror(url), engine=RayEngine(address=cluster))
+    assert remote.store.rank_prefix_batches(10) == [["rank=0000?"], ["rank=0001?"]]
+    a, b = _tables(local), _tables(remote)
+    mirror = _mirror(tmp_path / "cache", url)
+    assert remote.store.damaged == [("events", str(mirror / victim.relative_to(damaged)))]
+    assert set(b["rank_step_incomplete"]["rank"]) == {6}
+    pd.testing.assert_frame_equal(a["rank_step"], b["rank_step"], check_exact=True)
+    for name in ("peer_step", "collectives", "late", "rank_step_incomplete"):
+        pd.testing.assert_frame_equal(a[name], b[name], check_exact=False, rtol=1e-12, obj=name)
+    assert _findings(local) and _findings(local) == _findings(remote)
+    assert local.incomplete_data() == remote.incomplete_data()
+    held = _segments_by_rank(mirror)
+    assert held["events"] == held["steps"] == {"rank=00000", "rank=00006"}, held

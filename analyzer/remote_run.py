@@ -6,7 +6,9 @@ returns that folder, which the unchanged local code (DuckDB over Parquet globs) 
 incremental: segments never change once written, so it fetches only the objects it has not got (same
 name and size: kept); the few small other files (run.json, health.json, incidents, in-flight records)
 are fetched every time, run.json last so the mirror never holds a manifest newer than its data.
-`follow(RUN)` keeps syncing on a thread for the live readers (dashboard, watch).
+`follow(RUN)` keeps syncing on a thread for the live readers (dashboard, watch). A partial mirror holds
+the segments of some ranks only (`sync(..., ranks=RankFilter(...))`): a Ray task's batch on its own
+worker, and the driver of `analyze URL --engine ray` (`PartialMirror`: the ranks it reads itself).
 
 Why a mirror rather than DuckDB's httpfs over the bucket: every query of an analysis (and every
 dashboard refresh) would list and re-read the objects over the network; a mirror pays each byte once,

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fnmatch import fnmatchcase
 from pathlib import Path
 
+from megascope.analyzer import attempts
 from megascope.analyzer.store import RunOpenError, Store, prefix_batches
 from megascope.tracer.run_dir import MANIFEST, table_dir
 from megascope.tracer.schema import TABLES
@@ -169,14 +170,24 @@ class PartialMirror(Store):
         missing = None if folders is None else folders - self._held
         sync(self.url, self.path, ranks=None if missing is None else RankFilter(sorted(missing)))
         self._held = None if missing is None else self._held | missing
+        changed = []
         for table in TABLES:
             found = self._list_segments(table)
-            if found == self._all_files[table]:
-                continue
-            dropped = {path for t, path in self.damaged if t == table}
-            self._all_files[table] = found
-            self.files[table] = [f for f in found if f not in dropped]
+            if found != self._all_files[table]:
+                dropped = {path for t, path in self.damaged if t == table}
+                self._all_files[table] = found
+                self.files[table] = [f for f in found if f not in dropped]
+                changed.append(table)
+        if "steps" in changed and self.files["steps"]:
+            # new ranks' steps: the restart bounds (attempts.py) are found again, as Store.__init__ does
+            self.attempt_bounds = 0
+            changed = list(TABLES)
+        for table in changed:
             self.run_with_retry(lambda: self._make_view(table))
+        times = attempts.restart_times_ns(self.path, self.manifest, [])
+        if "steps" in changed and self.files["steps"] and (
+                times is not None or len(self.files["steps"]) <= attempts.SCAN_MAX_FILES):
+            self._find_attempts(times)
 
     def rank_prefix_batches(self, batch_ranks: int, tables: tuple[str, ...] = ("events", "steps")
                             ) -> list[list[str]] | None:

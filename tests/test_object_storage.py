@@ -26,6 +26,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from tests.test_analyzer_restarts import runs  # noqa: F401 - a fixture: a run restarted mid-way
+
 pytestmark = pytest.mark.slow
 
 BUCKET = "megascope-test"
@@ -306,3 +308,34 @@ def test_an_fsspec_only_scheme_carries_segments_and_the_manifest():
     assert rd.read_manifest(url)["run_id"] == "m" and rd.run_entries(url) == ["run.json", "steps"]
     assert sorted(locate(url).list_files()) == ["run.json", "steps/rank=00003/seg-000000.parquet",
                                                 "steps/rank=00003/seg-000001.parquet"]
+
+
+def test_partial_mirror_fetches_ranks_as_read_and_keeps_the_latest_attempts(runs, tmp_path, monkeypatch):  # noqa: F811
+    """The driver's partial mirror of `analyze URL --engine ray` (remote_run.PartialMirror), on a run
+    restarted mid-way (tests/test_analyzer_restarts.py) in an fsspec store: it starts with run.json and
+    the small files, fetches a rank's segments when that rank is read, and finds the restart bounds of
+    the ranks it fetched later, so its views equal a local Store's once it holds every rank."""
+    import pandas as pd
+
+    from megascope.analyzer.remote_run import PartialMirror
+    from megascope.analyzer.store import Store
+    from megascope.tracer.storage import locate
+    from tests.test_analyzer_restarts import _clone
+
+    restarted = _clone(runs["restarted"], tmp_path / "run", runs["restart_ns"])
+    monkeypatch.setenv("MEGASCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    url = "memory://partial/restarted"
+    location = locate(url)
+    for path in sorted((p for p in restarted.rglob("*") if p.is_file()), key=lambda p: p.name == "run.json"):
+        location.write_bytes(path.relative_to(restarted).as_posix(), path.read_bytes())
+    local, partial = Store(restarted), PartialMirror(url)
+    assert not any(partial.files[t] for t in ("events", "steps"))
+    one = "SELECT * FROM {} ORDER BY ALL"
+    pd.testing.assert_frame_equal(local.query(one.format(local.table_source("steps", [1]))),
+                                  partial.query(one.format(partial.table_source("steps", [1]))))
+    assert {p.split("/")[-2] for p in partial.files["events"]} == {"rank=00001"}
+    assert partial.attempt_bounds > 0
+    partial.ensure_ranks(None)
+    assert partial.attempt_bounds == local.attempt_bounds
+    for table in ("steps", "events"):
+        pd.testing.assert_frame_equal(local.query(one.format(table)), partial.query(one.format(table)))

@@ -189,17 +189,20 @@ def _mirror(cache: Path, url: str) -> Path:
     return cache / "mirrors" / "s3" / url.removeprefix("s3://")
 
 
-def test_url_run_each_task_mirrors_its_batch(bucket, cluster):
+def test_url_run_each_task_mirrors_its_batch(bucket, cluster, tmp_path):
     """`analyze s3://... --engine ray`: the findings of the local engine on a local copy; the driver's
     mirror holds the segments of rank 0 only (the time origin, the wait-row check), the workers'
     mirrors every rank's events and steps. The cluster was started without AWS variables: the tasks
     reach the bucket only through the driver's AWS_* that the engine forwards."""
     s3, url, copy = bucket
     out = {}
-    for name, target, extra in (("local", str(copy), []), ("ray", url, ["--engine", "ray", "--address", cluster])):
+    html = tmp_path / "report.html"  # the heatmaps too come from the merged tables, not from raw segments
+    for name, target, extra in (("local", str(copy), []),
+                                ("ray", url, ["--engine", "ray", "--address", cluster, "--html", str(html)])):
         done = s3.megascope("analyze", target, "--json", "--no-what-if", *extra)
         assert done.returncode == 0, done.stderr[-3000:]
         out[name] = json.loads(done.stdout)
+    assert html.stat().st_size > 10_000
     assert out["local"]["findings"] and out["local"]["findings"] == out["ray"]["findings"]
     assert out["local"]["mfu"] == out["ray"]["mfu"]
     driver = _mirror(Path(s3.env["MEGASCOPE_CACHE_DIR"]), url)

@@ -8,7 +8,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
-mypy=${MYPY:-$repo/.venv/bin/mypy}
+mypy=${MYPY:-.venv/bin/mypy}
+[[ $mypy == */* && $mypy != /* ]] && mypy=$repo/$mypy  # a relative path: from the repository root
 tree=$(mktemp -d)
 trap 'rm -rf "$tree"' EXIT
 mkdir "$tree/megascope"

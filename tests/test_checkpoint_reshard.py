@@ -10,15 +10,14 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 import torch
 
 from megascope.trainer.config import JobConfig
 from megascope.trainer.robust import checkpoint as ck
 from tests.distributed import run_distributed
+from tests.run_steps import losses
 
 STEPS, SAVE_AT = 6, 3
 
@@ -98,14 +97,6 @@ def test_a_damaged_checkpoint_is_skipped_and_said(tmp_path):
 TRAIN = [sys.executable, "-m", "megascope.cli", "train", "--preset", "tiny", "--steps", str(STEPS),
          "--set", "robust.checkpoint_every=3", "--set", "robust.checkpoint_format=dcp",
          "--set", "trace.flush_interval_s=0.5"]
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for seg in sorted((run_dir / "steps" / "rank=00000").glob("seg-*.parquet")):
-        for row in pq.read_table(seg, columns=["step", "loss"]).to_pylist():
-            out[int(row["step"])] = row["loss"]
-    return out
 
 
 @pytest.mark.slow

@@ -14,11 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 
 from megascope.trainer.robust.checkpoint import latest_complete
 from megascope.trainer.robust.heartbeat import read_heartbeats
+from tests.run_steps import losses
 
 pytestmark = pytest.mark.slow
 STEPS = 6
@@ -29,15 +29,6 @@ BASE = [sys.executable, "-m", "megascope.cli", "train", "--preset", "tiny", "--d
 def train(run_dir: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run(BASE + ["--run-dir", str(run_dir), *extra], capture_output=True, text=True,
                           timeout=timeout)
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    """Rank 0's loss per step; a step run twice (before and after a restart) keeps its last value."""
-    out: dict[int, float] = {}
-    for seg in sorted((run_dir / "steps" / "rank=00000").glob("seg-*.parquet")):
-        for row in pq.read_table(seg, columns=["step", "loss"]).to_pylist():
-            out[int(row["step"])] = row["loss"]
-    return out
 
 
 def incidents(run_dir: Path) -> list[dict]:

@@ -64,11 +64,13 @@ def scan_batch_arrow(run_dir: str, prefixes: list[str] | None, plan: PassPlan, t
     A URL `run_dir` (object storage) is first mirrored into this worker's own cache, the batch's events
     and steps segments only (remote_run.sync with a RankFilter), plus run.json and the small files."""
     if is_url(run_dir):
-        from megascope.analyzer.remote_run import RankFilter, mirror_folder, sync
-        folder = mirror_folder(run_dir)
-        sync(run_dir, folder, ranks=RankFilter(prefixes or ["rank=*"], TASK_TABLES))
-        run_dir = str(folder)
-    store = Store(run_dir, threads=threads)
+        from megascope.analyzer.remote_run import HeldStore, RankFilter, mirror_folder, sync
+        folder, held = mirror_folder(run_dir), RankFilter(prefixes or ["rank=*"], TASK_TABLES)
+        sync(run_dir, folder, ranks=held)
+        # the other tasks of this host fetch their batches into the same folder meanwhile
+        store: Store = HeldStore(folder, held, threads=threads)
+    else:
+        store = Store(run_dir, threads=threads)
     define_sql(store)
     store.run_with_retry(lambda: scan_batch(store, prefixes, plan))
     tables = {name: store.con.sql(f"SELECT * FROM {name}").to_arrow_table() for name in BATCH_TABLES}

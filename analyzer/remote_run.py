@@ -143,7 +143,30 @@ def local_run_dir(run: str | Path, require_run: bool = True) -> Path:
     return folder
 
 
-class PartialMirror(Store):
+class HeldStore(Store):
+    """A Store over a mirror folder that other processes fill too (the Ray tasks of this host, a
+    driver sharing the cache): it lists and reads only the segments `held` keeps (None: all of them),
+    through explicit file lists. A glob would also read the ranks other processes fetch meanwhile,
+    and a damaged one of those, not in this store's files, could not be dropped and retried."""
+
+    def __init__(self, folder: str | Path, held: RankFilter | None, threads: int | None = None) -> None:
+        self.held = held
+        super().__init__(folder, threads=threads)
+
+    def _list_segments(self, table: str) -> list[str]:
+        files = super()._list_segments(table)
+        if self.held is None:
+            return files
+        root = str(self.path)
+        return [f for f in files if self.held.keeps(os.path.relpath(f, root).replace(os.sep, "/"))]
+
+    def _make_view(self, table: str) -> None:
+        if self.held is not None:
+            self._excluded.add(table)
+        super()._make_view(table)
+
+
+class PartialMirror(HeldStore):
     """The driver's Store of a run on object storage whose event pass runs elsewhere (`analyze URL
     --engine ray`: each task mirrors its own batch where it runs). Its mirror starts with run.json and
     the small files only; the segments of a rank are fetched the first time something here reads that
@@ -158,7 +181,7 @@ class PartialMirror(Store):
         self._remote_folders = {t: {n.split("/")[1] for n in listing if _immutable(n) and n.startswith(t + "/")}
                                 for t in TABLES}
         self._held: set[str] | None = set()  # rank folders fetched by this process (None: all of them)
-        super().__init__(folder, threads=threads)
+        super().__init__(folder, RankFilter(()), threads=threads)
         if any(name.startswith("inflight/") for name in listing):
             # a hang: its analysis reads the suspects' last events from the `events` view directly
             self.ensure_ranks(None)
@@ -170,6 +193,7 @@ class PartialMirror(Store):
         missing = None if folders is None else folders - self._held
         sync(self.url, self.path, ranks=None if missing is None else RankFilter(sorted(missing)))
         self._held = None if missing is None else self._held | missing
+        self.held = None if self._held is None else RankFilter(sorted(self._held))
         changed = []
         for table in TABLES:
             found = self._list_segments(table)

@@ -339,3 +339,22 @@ def test_partial_mirror_fetches_ranks_as_read_and_keeps_the_latest_attempts(runs
     assert partial.attempt_bounds == local.attempt_bounds
     for table in ("steps", "events"):
         pd.testing.assert_frame_equal(local.query(one.format(table)), partial.query(one.format(table)))
+
+
+def test_held_store_reads_only_its_ranks_while_others_fill_the_folder(runs, tmp_path):  # noqa: F811
+    """A Ray task's store over the mirror its host shares (remote_run.HeldStore): a segment another
+    task fetched meanwhile, here a damaged one of rank 0, is neither read nor reported by the store of
+    rank 1, while a plain Store of the same folder trips on it (CI saw a task fail on exactly this)."""
+    from megascope.analyzer.remote_run import HeldStore, RankFilter
+    from megascope.analyzer.store import Store
+    from tests.test_analyzer_restarts import _clone
+
+    folder = _clone(runs["reference"], tmp_path / "mirror", None)
+    victim = sorted((folder / "events" / "rank=00000").glob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])  # what a glob of the whole folder would meet
+    assert Store(folder).damaged == [("events", str(victim))]
+    held = HeldStore(folder, RankFilter(["rank=00001"], ("events", "steps")))
+    assert held.damaged == [] and not held.warnings
+    for table in ("events", "steps"):
+        assert held.query(f"SELECT DISTINCT rank FROM {table}")["rank"].tolist() == [1]
+    assert held.files["gpu"] == held.files["kernels"] == []

@@ -29,6 +29,7 @@ import pandas as pd
 from megascope.analyzer.findings import MIN_LATENESS_S
 from megascope.analyzer.layout import MATCHED_GROUPS, is_regular
 from megascope.analyzer.store import Store, load_sql
+from megascope.tracer.edge_summary import EDGE_SQL, edge_sql
 from megascope.tracer.layout import Layout
 from megascope.tracer.schema import WAIT_SUFFIX
 
@@ -40,9 +41,10 @@ SAMPLE_RANKS = 32
 NO_FIRST_STEP = -(1 << 62)
 """first_step of a whole pass: every step."""
 
-SQL_FILES = ("event_role", "group_instance", "event_pass", "event_pass_flat", "flat_peer_step", "flat_partials",
-             "rank_step", "collectives", "arrivals", "incomplete", "rank_step_summary")
-"""The macro library, in definition order (a macro may call those before it)."""
+SQL_FILES = ("event_pass_flat", "flat_peer_step", "flat_partials", "collectives", "arrivals", "incomplete",
+             "rank_step_summary", "edge_rank_step")
+"""The analyzer's macro library (analyzer/sql/), in definition order (a macro may call those before
+it), defined after the macros the ranks run on their own events too (tracer/sql/, EDGE_SQL)."""
 BATCH_TABLES = ("_batch_rank_step", "_batch_peer_step", "_batch_partials")
 """What the batch function leaves for the loop (local tables, or the Arrow tables a remote engine returns)."""
 PEER_STEP_COLUMNS = ("rank", "step", "peer", "compute_ns", "forward_ns", "backward_ns", "optimizer_ns", "nested_ns",
@@ -66,10 +68,15 @@ def _table(name: str) -> str:
     return name
 
 
+def library_sql() -> list[str]:
+    """The text of every macro of the library, in definition order: the edge macros, then the analyzer's."""
+    return [edge_sql(name) for name in EDGE_SQL] + [load_sql(name) for name in SQL_FILES]
+
+
 def define_sql(store: Store) -> None:
     """(Re)define the macro library on the store's connection (TEMP: per connection; idempotent)."""
-    for name in SQL_FILES:
-        store.con.execute(load_sql(name))
+    for text in library_sql():
+        store.con.execute(text)
 
 
 @dataclass(frozen=True)
@@ -238,12 +245,45 @@ def build_event_pass(store: Store, progress: Progress | None = None, engine: Eng
     """Create the temp tables `_rank_peer_step`, `rank_step` and `collective_instances`: per batch of
     ranks, one read of its events (aggregated per rank-step-peer and per collective) and of its steps
     (joined into the batch's rank_step rows), appended to the run-wide tables. The rank-steps of
-    damaged segments go to `rank_step_incomplete` instead (drop_incomplete)."""
-    plan = plan_pass(store)
-    run_batches(store, plan, EVENT_PASS_TABLES, engine, progress)
-    collective_instances(store, "_collective_partials", "collective_instances", plan.base)
+    damaged segments go to `rank_step_incomplete` instead (drop_incomplete). A run whose ranks wrote
+    summaries at the edge for every rank-step (edge_summaries_cover) is read from those instead."""
+    if edge_summaries_cover(store):
+        define_sql(store)
+        base = run_start_ns(store)
+        from_edge_summaries(store, base)
+    else:
+        plan = plan_pass(store)
+        base = plan.base
+        run_batches(store, plan, EVENT_PASS_TABLES, engine, progress)
+    collective_instances(store, "_collective_partials", "collective_instances", base)
     store.execute("DROP TABLE _collective_partials")
     drop_incomplete(store, "rank_step", "_rank_peer_step", "collective_instances")
+
+
+def edge_summaries_cover(store: Store) -> bool:
+    """Whether the ranks' own summaries (tracer/edge_summary.py) can stand for the run's events: every
+    rank-step of the steps table has exactly one edge_rank_step row, no segment was found damaged, and
+    no rank restarted (a repeated step is summarized by each attempt). Runs the tracer did not write
+    (simulated, imported) and runs with a rank whose summaries stopped have none or too few."""
+    if not store.files["edge_rank_step"] or store.damaged or store.attempt_bounds:
+        return False
+    row = store.query("SELECT (SELECT count(*) FROM steps) AS steps, (SELECT count(*) FROM edge_rank_step) AS rows, "
+                      "(SELECT count(*) FROM steps JOIN edge_rank_step USING (rank, step)) AS matched").iloc[0]
+    return int(row.steps) == int(row.rows) == int(row.matched) > 0
+
+
+def from_edge_summaries(store: Store, base: int) -> None:
+    """The event pass's three tables from the edge summaries: rank_step (joined to the topology),
+    _rank_peer_step as written, and _collective_partials merged from the ranks' collective rows by
+    the flat pass's own macro (each row one member: role 6, a collective)."""
+    store.execute("CREATE OR REPLACE TEMP TABLE rank_step AS FROM rank_step_of_edge('edge_rank_step')")
+    store.execute("CREATE OR REPLACE TEMP TABLE _rank_peer_step AS SELECT "
+                  + ", ".join(f'"{c}"' for c in PEER_STEP_COLUMNS) + " FROM edge_peer_step")
+    store.execute("CREATE OR REPLACE TEMP VIEW _edge_coded AS SELECT *, 6::UTINYINT AS role FROM edge_collectives")
+    store.execute("CREATE OR REPLACE TEMP TABLE _collective_partials AS "
+                  "FROM flat_partials('_edge_coded', $base, $dp, $tp, $cp, $renumber)",
+                  {"base": int(base), **LayoutParams.of(store).params()})
+    store.execute("DROP VIEW _edge_coded")
 
 
 def collective_instances(store: Store, partials: str, out: str, base: int) -> None:

@@ -36,7 +36,7 @@ from pathlib import Path
 import pandas as pd
 
 from megascope.analyzer import event_pass as ep
-from megascope.analyzer.store import Store, load_sql
+from megascope.analyzer.store import Store
 from megascope.tracer.run_dir import write_json_atomic
 
 SUMMARY_VIEW = "rank_step_summary"
@@ -229,8 +229,8 @@ def _segments(store: Store) -> list[str]:
 def _fingerprint(store: Store) -> str:
     """What besides the segments the summary depends on: the analyzer's SQL and the topology."""
     h = hashlib.sha256()
-    for name in ep.SQL_FILES:
-        h.update(load_sql(name).encode())
+    for text in ep.library_sql():
+        h.update(text.encode())
     h.update(json.dumps(store.manifest.get("topology"), sort_keys=True, default=str).encode())
     h.update(json.dumps(store.manifest.get("peak_flops"), sort_keys=True, default=str).encode())
     return h.hexdigest()

@@ -110,7 +110,10 @@ def test_trace_writes_the_run_directory_and_gives_the_slot_back(tmp_path):
     session.stop()
     session.stop()  # idempotent
     assert tracer.active() is outer  # the tracer active before the block
-    assert [p.parent.name for p in (tmp_path / "run").glob("*/rank=*/seg-*.parquet")] == ["rank=00000"] * 2
+    segments = sorted((tmp_path / "run").glob("*/rank=*/seg-*.parquet"))
+    assert {p.parent.name for p in segments} == {"rank=00000"}
+    # the step's summary too (tracer/edge_summary.py; no collective: no edge_collectives rows)
+    assert [p.parent.parent.name for p in segments] == ["edge_peer_step", "edge_rank_step", "events", "steps"]
     with tracer.trace(tmp_path / "again", 0, TraceConfig(nvml=False)) as t:
         tracer.set_step(0)
     assert t.stats()["internal_errors"] == 0 and tracer.active() is outer

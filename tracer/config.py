@@ -32,5 +32,8 @@ class TraceConfig:
     """Sample GPU health with NVML (switches itself off without a GPU)."""
     nvml_interval_s: float = 1.0
     """NVML sampling period."""
+    edge_summaries: bool = True
+    """Also write each step's summary rows beside the events (tracer/edge_summary.py: what the analyzer
+    derives from them, computed on the flusher thread), so the analysis of a big job reads those."""
     cupti: bool = False
     """Record kernel activity with CUPTI (cupti-python) into the kernels table."""

@@ -25,9 +25,10 @@ from megascope.tracer.clock import HostClock
 from megascope.tracer.clock_sync import ClockSyncResult, estimate_offsets
 from megascope.tracer.completion import CompletionTracker
 from megascope.tracer.config import TraceConfig
+from megascope.tracer.edge_summary import SummarizingSink
 from megascope.tracer.flusher import Flusher
 from megascope.tracer.schedule import Schedule, check_level, every_n_steps
-from megascope.tracer.schema import TABLES, WAIT_SUFFIX
+from megascope.tracer.schema import TRACED, WAIT_SUFFIX
 from megascope.tracer.sink import ParquetSegmentSink, Sink
 from megascope.tracer.watchdog import CommOp, HangWatchdog, InflightRegistry
 
@@ -75,9 +76,11 @@ class Tracer:
         self._closed = False
         self.registry = InflightRegistry()
         self.buffers = {name: TableBuffer(name, schema, self.rank, cfg.max_buffered_events, cfg.flush_events)
-                        for name, schema in TABLES.items()}
+                        for name, schema in TRACED.items()}
         self._events = self.buffers["events"]
         self.sink = sink if sink is not None else ParquetSegmentSink(run_dir, self.rank)  # type: ignore[arg-type]
+        if cfg.edge_summaries and self.enabled:
+            self.sink = SummarizingSink(self.sink, self.rank)
         self.flusher: Flusher | None = None
         self.watchdog: HangWatchdog | None = None
         self.timeline: CudaTimeline | None = None
@@ -304,6 +307,7 @@ class Tracer:
         return {"dropped_events": self.dropped_events, "write_errors": self.write_errors,
                 "internal_errors": self.internal_errors,
                 "inflight": len(self.registry.snapshot()),
+                "edge_summary_errors": self.sink.errors if isinstance(self.sink, SummarizingSink) else 0,
                 "watchdog_reports": self.watchdog.reports if self.watchdog is not None else 0}
 
     def close(self) -> None:

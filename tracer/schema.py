@@ -71,7 +71,33 @@ KERNELS = pa.schema([
     ("end_ns", pa.int64()),
 ])
 
-TABLES: dict[str, pa.Schema] = {"events": EVENTS, "steps": STEPS, "gpu": GPU, "kernels": KERNELS}
+# Summaries at the edge (tracer/edge_summary.py): what the analyzer's event pass derives from a rank's
+# events, written by the rank's own tracer (tracer/sql/ holds the macros both run); docs/schema.md.
+EDGE_RANK_STEP = pa.schema(
+    [("rank", pa.int32()), ("step", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+     ("step_time_s", pa.float64()), ("tokens", pa.int64()), ("model_flops", pa.float64())]
+    + [(f"{c}_s", pa.float64()) for c in ("compute", "forward", "backward", "optimizer", "recv", "collective",
+                                          "nested_wait", "data_wait", "gap", "gap_p2p", "gap_coll", "own", "other")]
+    + [("n_events", pa.int64())])
+"""One row per summarized step: rank_step.sql's columns less the topology's (pp, dp, tp, host)."""
+EDGE_PEER_STEP = pa.schema(
+    [("rank", pa.int32()), ("step", pa.int64()), ("peer", pa.int32())]
+    + [(c, pa.int64()) for c in ("compute_ns", "forward_ns", "backward_ns", "optimizer_ns", "nested_ns", "recv_ns",
+                                 "collective_ns", "data_wait_ns", "gap_ns", "gap_p2p_ns", "gap_coll_ns",
+                                 "send_min_ns", "sends", "recv_min_ns", "n_events")])
+"""Per step and p2p peer (-1: no peer), ns: event_pass.sql's per (rank, step, peer) rows."""
+EDGE_COLLECTIVES = pa.schema([
+    ("rank", pa.int32()), ("step", pa.int64()), ("group", pa.string()), ("seq", pa.int64()),
+    ("op_name", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+])
+"""The rank's collective ops (its arrival at each, and the end): late arrivals' inputs."""
+
+TRACED: dict[str, pa.Schema] = {"events": EVENTS, "steps": STEPS, "gpu": GPU, "kernels": KERNELS}
+"""The tables a tracer records (one buffer each)."""
+EDGE: dict[str, pa.Schema] = {"edge_rank_step": EDGE_RANK_STEP, "edge_peer_step": EDGE_PEER_STEP,
+                              "edge_collectives": EDGE_COLLECTIVES}
+"""The summary tables a tracer derives from what it recorded (tracer/edge_summary.py)."""
+TABLES: dict[str, pa.Schema] = {**TRACED, **EDGE}
 """Table name -> schema; each table lives in RUN/<table>/rank=NNNNN/*.parquet."""
 
 

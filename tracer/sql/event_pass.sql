@@ -79,8 +79,10 @@ WITH _raw AS MATERIALIZED (
     SELECT *,
         -- the latest-ending compute/host span issued before, and its role, in one running max of
         -- (end in us since base) * 16 + role: each framed aggregate is a pass over the rows, and us
-        -- keep any run length within BIGINT (base is an hour before the run's first step)
-        max(((end_ns - base) // 1000) * 16 + role) FILTER (WHERE role <= 5 OR role BETWEEN 11 AND 14)
+        -- keep any run length within BIGINT (base is an hour before the run's first step). The us
+        -- grid is the clock's own (end_ns // 1000), not base's: a rank's tracer summarizing its own
+        -- events (tracer/edge_summary.py) gets the same rows with its own base
+        max((end_ns // 1000 - base // 1000) * 16 + role) FILTER (WHERE role <= 5 OR role BETWEEN 11 AND 14)
             OVER _before AS busy,
         max(end_ns) FILTER (WHERE role IN (6, 8)) OVER _before AS coll_end,
         max(end_ns) FILTER (WHERE comm) OVER _before AS comm_end,
@@ -91,7 +93,7 @@ WITH _raw AS MATERIALIZED (
            _before AS (PARTITION BY rank, step ORDER BY start_ns, end_ns DESC
                        ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
 ), _busy AS (
-    SELECT *, (busy // 16) * 1000 + 999 + base AS busy_end, busy % 16 AS busy_role FROM _timeline
+    SELECT *, (busy // 16 + base // 1000) * 1000 + 999 AS busy_end, busy % 16 AS busy_role FROM _timeline
 ), _placed AS (
     SELECT *, end_ns - start_ns AS dur_ns,
         coalesce(comm AND busy_end >= end_ns AND busy_role <= 3, false) AS nested,

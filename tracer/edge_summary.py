@@ -1,0 +1,253 @@
+"""Summaries at the edge: each rank's tracer turns its own events into the rows the analyzer's event
+pass derives from them, with the same macros (tracer/sql/), so that the central analysis of a big job
+reads O(ranks x steps) rows instead of every event (analyzer/event_pass.py reads them when they cover
+every rank-step of the run, and the raw events otherwise).
+
+Three tables beside the events (tracer/schema.py EDGE, docs/schema.md):
+  edge_rank_step    one row per step: rank_step.sql's columns, less the topology's (pp, dp, tp, host)
+  edge_peer_step    per step and p2p peer: event_pass.sql's per (rank, step, peer) rows
+  edge_collectives  the rank's collective ops, issue and end: late arrivals' inputs, merged across
+                    ranks centrally (analyzer/sql/flat_partials.sql, collectives.sql)
+
+A step is summarized once LAG_STEPS later steps have a steps row (GPU-timed events are resolved after
+the step, and an async op's `.wait` may come in the next step: it decides whether the op counts), or
+when the tracer closes; its events are held until then (a few steps of one rank). The rows are the
+timeline pass's (the variant every run of up to 2,048 ranks takes). Nothing here raises into the
+flusher: the raw events are written first and stay the truth; a failure is logged and counted, and a
+rank whose summaries miss a step only sends the analyzer back to the raw events."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from megascope.tracer.schema import EDGE, EVENTS, STEPS, WAIT_SUFFIX
+from megascope.tracer.sink import ParquetSegmentSink, Sink
+
+log = logging.getLogger("megascope.tracer")
+
+EDGE_SQL = ("event_role", "group_instance", "event_pass", "rank_step")
+"""The macros a rank runs on its own events (tracer/sql/, in definition order); the analyzer defines
+them first too (event_pass.define_sql), so both sides compute the same rows."""
+LAG_STEPS = 2
+"""A step is summarized when the steps row of the step this many later has been written."""
+NO_FIRST_STEP = -(1 << 62)
+_HOUR_NS = 3_600_000_000_000
+_PEER_COLUMNS = [f.name for f in EDGE["edge_peer_step"]]
+_RANK_STEP_COLUMNS = [f.name for f in EDGE["edge_rank_step"]]
+WRITE_ORDER = ("edge_peer_step", "edge_collectives", "edge_rank_step")
+"""edge_rank_step last: its rows say a step's summary is complete (the analyzer's coverage check)."""
+
+
+def edge_sql(name: str) -> str:
+    """Text of tracer/sql/<name>.sql."""
+    return resources.files("megascope.tracer.sql").joinpath(f"{name}.sql").read_text()
+
+
+def define_edge_sql(con: Any) -> None:
+    """(Re)define the edge macros on a DuckDB connection (TEMP: per connection; idempotent)."""
+    for name in EDGE_SQL:
+        con.execute(edge_sql(name))
+
+
+def summarize(con: Any, ranks: list[int], events: pa.Table, steps: pa.Table, through: int,
+              async_ops: bool) -> dict[str, pa.Table]:
+    """The edge tables of some ranks' steps up to `through` (inclusive), from their `events` and `steps`
+    rows (tracer/schema.py EVENTS, STEPS; events of later steps may be included: a wait in the next
+    step is read). `con`: a DuckDB connection with the edge macros defined. `async_ops`: the trace has
+    `<op>.wait` rows (event_pass.sql)."""
+    starts = pc.min(events["start_ns"]).as_py() if events.num_rows else None
+    base = (starts if starts is not None else 0) - _HOUR_NS  # any origin: the rows do not depend on it
+    con.register("_edge_events", events)
+    con.register("_edge_steps_all", steps)
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE _edge_steps AS FROM _edge_steps_all WHERE step <= $through",
+                    {"through": through})
+        # rank_step_of joins the topology: a stand-in row here, the analyzer joins the real one
+        con.execute("CREATE OR REPLACE TEMP TABLE topology AS SELECT unnest($ranks)::INT AS rank, -1 AS pp, "
+                    "-1 AS dp, -1 AS tp, ''::VARCHAR AS host", {"ranks": [int(r) for r in ranks]})
+        con.execute("CREATE OR REPLACE TEMP TABLE _edge_peer AS SELECT " + ", ".join(f'"{c}"' for c in _PEER_COLUMNS)
+                    + " FROM event_pass_timeline('_edge_events', $first, $base, $async_ops, $wait_suffix, "
+                    "1, 1, 1, NULL) WHERE gset = 0 AND step <= $through",
+                    {"first": NO_FIRST_STEP, "base": base, "async_ops": async_ops, "wait_suffix": WAIT_SUFFIX,
+                     "through": through})
+        out = {
+            "edge_peer_step": con.sql("FROM _edge_peer ORDER BY rank, step, peer").to_arrow_table(),
+            "edge_collectives": con.sql(
+                'SELECT rank, step, "group", seq, name AS op_name, start_ns, end_ns FROM _edge_events '
+                "WHERE kind = 'collective' AND step <= $through ORDER BY rank, step, start_ns",
+                params={"through": through}).to_arrow_table(),
+            "edge_rank_step": con.sql(
+                "SELECT " + ", ".join(_RANK_STEP_COLUMNS) + " FROM rank_step_of('_edge_steps', '_edge_peer', "
+                "$first, false) ORDER BY rank, step", params={"first": NO_FIRST_STEP}).to_arrow_table(),
+        }
+    finally:
+        con.unregister("_edge_events")
+        con.unregister("_edge_steps_all")
+    return {name: table.cast(EDGE[name]) for name, table in out.items()}
+
+
+class EdgeSummarizer:
+    """Holds one rank's events and steps rows until their steps are complete, and summarizes them.
+    Once an event arrives for a step already summarized (a GPU timing resolved very late), the rank's
+    summaries stop: a summary that misses events must not stand for them (the analyzer then reads the
+    raw events of the run)."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        self.done_through: int | None = None
+        """The last step summarized."""
+        self.stopped = False
+        self._events: list[pa.Table] = []
+        self._steps: list[pa.Table] = []
+        self._async_ops = False
+        self._con: Any = None
+
+    def add(self, table: str, batch: pa.Table) -> None:
+        if self.stopped or batch.num_rows == 0:
+            return
+        if self.done_through is not None and pc.min(batch["step"]).as_py() <= self.done_through:
+            self.stopped = True
+            log.warning("tracer: rank %d recorded %s of step %d after its summary was written; edge summaries "
+                        "stop for this rank (the analyzer reads its raw events instead)", self.rank, table,
+                        pc.min(batch["step"]).as_py())
+            self._events, self._steps = [], []
+            return
+        if table == "events":
+            self._events.append(batch)
+            if not self._async_ops:
+                self._async_ops = bool(pc.any(pc.and_(pc.equal(batch["kind"], "host"),
+                                                      pc.ends_with(batch["name"], WAIT_SUFFIX))).as_py())
+        elif table == "steps":
+            self._steps.append(batch)
+
+    def ready(self, final: bool = False) -> dict[str, pa.Table] | None:
+        """The edge tables of the steps complete now (every held step when `final`); None: none yet."""
+        if self.stopped or not (self._steps or final and self._events):
+            return None
+        events = pa.concat_tables(self._events) if self._events else EVENTS.empty_table()
+        steps = pa.concat_tables(self._steps) if self._steps else STEPS.empty_table()
+        last = [pc.max(t["step"]).as_py() for t in (events, steps) if t.num_rows]
+        if final:
+            through = max(last)
+        elif steps.num_rows:
+            through = pc.max(steps["step"]).as_py() - LAG_STEPS
+        else:
+            return None
+        if self.done_through is not None and through <= self.done_through:
+            return None
+        if self._con is None:
+            import duckdb
+
+            self._con = duckdb.connect(config={"threads": 1})
+            define_edge_sql(self._con)
+        out = summarize(self._con, [self.rank], events, steps, through, self._async_ops)
+        self._events = [events.filter(pc.greater(events["step"], through))]
+        self._steps = [steps.filter(pc.greater(steps["step"], through))]
+        self.done_through = through
+        return out
+
+    def close(self) -> None:
+        if self._con is not None:
+            self._con.close()
+            self._con = None
+
+
+class SummarizingSink:
+    """A sink that passes every batch on, then writes the edge summaries of the steps each steps batch
+    completed (and of the rest at close). Summary rows that fail to write are kept and tried again at
+    the next write; a failure to summarize is logged and counted (`errors`), never raised: the flusher
+    must not take it for a failed write of the raw batch and write that twice."""
+
+    def __init__(self, inner: Sink, rank: int) -> None:
+        self.inner = inner
+        self.summarizer = EdgeSummarizer(rank)
+        self.errors = 0
+        self._pending: list[tuple[str, pa.Table]] = []
+
+    def write(self, table: str, batch: pa.Table) -> None:
+        self.inner.write(table, batch)
+        if table in ("events", "steps"):
+            self._summarize(table, batch, final=False)
+
+    def _summarize(self, table: str | None, batch: pa.Table | None, final: bool) -> None:
+        try:
+            if table is not None and batch is not None:
+                self.summarizer.add(table, batch)
+            tables = self.summarizer.ready(final) if final or table == "steps" else None
+        except Exception as exc:  # noqa: BLE001 - monitoring never stops training
+            self._count(f"summarizing rank {self.summarizer.rank}'s steps failed: {exc!r}")
+            self.summarizer.stopped = True
+            tables = None
+        if tables:
+            self._pending += [(name, tables[name]) for name in WRITE_ORDER if tables[name].num_rows]
+        while self._pending:
+            name, rows = self._pending[0]
+            try:
+                self.inner.write(name, rows)
+            except Exception as exc:  # noqa: BLE001 - kept for the next write
+                self._count(f"writing the {name} summary failed: {exc!r}; kept for the next flush")
+                return
+            self._pending.pop(0)
+
+    def _count(self, message: str) -> None:
+        self.errors += 1
+        if self.errors == 1 or self.errors % 100 == 0:
+            log.warning("tracer: %s (%d edge-summary errors so far; training continues)", message, self.errors)
+
+    def close(self) -> None:
+        self._summarize(None, None, final=True)
+        self.summarizer.close()
+        self.inner.close()
+
+
+def summarize_run(run_dir: str | Path, batch_ranks: int = 256,
+                  progress: Callable[[int, int], None] | None = None) -> int:
+    """Write the edge tables of a local run recorded without them (simulated, imported, or traced with
+    `edge_summaries` off), as its ranks' tracers would have at close: every step, from the run's events
+    and steps segments, `batch_ranks` ranks at a time. Returns the number of ranks summarized.
+    Raises FileExistsError when the run has edge tables already (they would be counted twice)."""
+    import duckdb
+
+    root = Path(run_dir)
+    if any((root / name).exists() for name in EDGE):
+        raise FileExistsError(f"{root} already has edge summaries ({', '.join(EDGE)})")
+    folders = sorted({p.name for t in ("events", "steps") if (root / t).is_dir() for p in (root / t).glob("rank=*")})
+    ranks = [int(f.split("=")[1]) for f in folders]
+    con = duckdb.connect()
+    define_edge_sql(con)
+    for first in range(0, len(ranks), batch_ranks):
+        batch = ranks[first:first + batch_ranks]
+        events, steps = (_read_ranks(con, root, table, batch) for table in ("events", "steps"))
+        async_ops = bool(events.num_rows) and bool(pc.any(pc.and_(pc.equal(events["kind"], "host"), pc.ends_with(
+            events["name"], WAIT_SUFFIX))).as_py())
+        last = [pc.max(t["step"]).as_py() for t in (events, steps) if t.num_rows]
+        if last:
+            tables = summarize(con, batch, events, steps, max(last), async_ops)
+            for rank in batch:
+                sink = ParquetSegmentSink(root, rank)
+                for name in WRITE_ORDER:
+                    rows = tables[name].filter(pc.equal(tables[name]["rank"], rank))
+                    if rows.num_rows:
+                        sink.write(name, rows)
+        if progress is not None:
+            progress(min(first + batch_ranks, len(ranks)), len(ranks))
+    con.close()
+    return len(ranks)
+
+
+def _read_ranks(con: Any, root: Path, table: str, ranks: list[int]) -> pa.Table:
+    """The rows of `table` of these ranks (their segments only), in the table's schema."""
+    files = [str(f) for r in ranks for f in sorted((root / table / f"rank={r:05d}").glob("seg-*.parquet"))]
+    schema = EVENTS if table == "events" else STEPS
+    if not files:
+        return schema.empty_table()
+    columns = ", ".join(f'"{f.name}"' for f in schema)
+    return con.sql(f"SELECT {columns} FROM read_parquet($files, hive_partitioning=false)",
+                   params={"files": files}).to_arrow_table().cast(schema)

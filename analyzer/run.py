@@ -95,7 +95,7 @@ class Run:
         return self.store.query("SELECT * FROM steps ORDER BY step, rank")
 
     def rank_steps(self) -> pd.DataFrame:
-        """Per rank and step: where the time went (see analyzer/sql/rank_step.sql)."""
+        """Per rank and step: where the time went (see tracer/sql/rank_step.sql)."""
         self._ensure("rank_step")
         return self.store.query("SELECT * FROM rank_step ORDER BY step, rank")
 

@@ -2,7 +2,7 @@
 rerun the event pass (a scan of every event) each time the run is opened.
 
     RUN/analysis/rank_step/manifest.json          what the summary was built from, and its parts
-    RUN/analysis/rank_step/part-<id>.parquet      rank_step's columns (sql/rank_step.sql) + late_count,
+    RUN/analysis/rank_step/part-<id>.parquet      rank_step's columns (tracer/sql/rank_step.sql) + late_count,
                                                   lateness_s (sql/arrivals.sql), one row per rank and step
 
 The manifest records the relative paths of the events and steps segments the summary came from,

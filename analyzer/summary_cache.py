@@ -95,7 +95,10 @@ def ensure_summary(store: Store, build_tables: Callable[[], None], tables_built:
             _rebuild_from(store, first, bool(manifest["timeline"]), progress)
             return _save(store, folder, manifest, bool(manifest["timeline"]), first)
     build_tables()
-    timeline = len(store.topology) <= ep.TIMELINE_ALWAYS_RANKS or ep.needs_timeline(store, ep.run_start_ns(store))
+    # the variant the rows came from, which a live run's extension then takes too (edge summaries:
+    # the timeline pass's rows)
+    timeline = len(store.topology) <= ep.TIMELINE_ALWAYS_RANKS or ep.edge_summaries_cover(store) \
+        or ep.needs_timeline(store, ep.run_start_ns(store))
     _summary_rows(store, "rank_step", "late_arrivals", ep.NO_FIRST_STEP)
     return _save(store, folder, None, timeline, None)
 

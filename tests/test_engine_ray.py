@@ -10,10 +10,12 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -44,24 +46,37 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster():
-    """A local Ray cluster: one head node with 2 CPUs (two tasks at a time), its address."""
+    """A local Ray cluster: one head node with 2 CPUs (two tasks at a time), its address. `ray start
+    --block` in a session of its own, stopped by a signal: `ray stop` would stop every Ray cluster on
+    the machine, other users' too."""
     port = _free_port()
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     CLUSTER_TEMP["dir"] = temp
-    cmd = [RAY, "start", "--head", "--num-cpus", "2", "--port", str(port), "--node-ip-address", "127.0.0.1",
-           "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", temp,
+    cmd = [RAY, "start", "--head", "--block", "--num-cpus", "2", "--port", str(port), "--node-ip-address",
+           "127.0.0.1", "--include-dashboard=false", "--disable-usage-stats", "--temp-dir", temp,
            "--object-store-memory", str(200 * 2**20),
            "--dashboard-agent-listen-port", str(_free_port()), "--metrics-export-port", str(_free_port())]
+    # the workers' own cache (their mirrors of a URL run), apart from any driver's
+    env = {**os.environ, "MEGASCOPE_CACHE_DIR": str(Path(temp) / "worker-cache")}
+    head = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    address = f"127.0.0.1:{port}"
     try:
-        # the workers' own cache (their mirrors of a URL run), apart from any driver's
-        env = {**os.environ, "MEGASCOPE_CACHE_DIR": str(Path(temp) / "worker-cache")}
-        started = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env=env)
-        assert started.returncode == 0, started.stdout[-2000:] + started.stderr[-2000:]
-        yield f"127.0.0.1:{port}"
+        deadline = time.monotonic() + 180
+        while subprocess.run([RAY, "status", "--address", address], capture_output=True, timeout=60).returncode:
+            assert head.poll() is None, f"ray start failed: {head.stderr.read()[-2000:] if head.stderr else ''}"
+            assert time.monotonic() < deadline, "the Ray cluster did not come up in 180 s"
+            time.sleep(1)
+        yield address
     finally:
         if ray.is_initialized():
             ray.shutdown()
-        subprocess.run([RAY, "stop"], capture_output=True, timeout=120)
+        head.terminate()  # --block: the head stops the processes it started
+        try:
+            head.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+            head.wait()
         shutil.rmtree(temp, ignore_errors=True)
 
 

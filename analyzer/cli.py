@@ -59,26 +59,13 @@ def _engine(args: argparse.Namespace):
         raise EngineChoiceError(str(exc)) from None
 
 
-def _open_store(run_dir: str, threads: int | None, remote_tasks: bool):
-    """The Store to analyze: a local run directory as it is; a URL through a local mirror, of the whole
-    run, or when the event pass runs as remote tasks (which mirror their own batches where they run)
-    of only the few ranks this process reads itself (remote_run.PartialMirror)."""
-    from megascope.analyzer.remote_run import PartialMirror, local_run_dir
-    from megascope.analyzer.store import Store
-    from megascope.tracer.storage import is_url
-    if remote_tasks and is_url(run_dir):
-        return PartialMirror(run_dir, threads=threads)
-    return Store(local_run_dir(run_dir), threads=threads)
-
-
 def run(args: argparse.Namespace) -> int:
     from megascope.analyzer.run import Run
     bar = ProgressBar()
     try:
         bar("opening", 0, 3)
         engine = _engine(args)
-        analysis = Run(_open_store(args.run_dir, args.threads, remote_tasks=engine is not None), progress=bar,
-                       engine=engine)
+        analysis = Run.open(args.run_dir, progress=bar, threads=args.threads, engine=engine)
         bar("analyzing", 1, 3)
         report = analysis.report(with_what_if=not args.no_what_if)
         if args.html:

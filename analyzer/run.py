@@ -55,9 +55,18 @@ class Run:
     @classmethod
     def open(cls, path: str | Path, detectors: Sequence[Detector] | None = None,
              progress: Progress | None = None, threads: int | None = None, engine: Engine | None = None) -> "Run":
-        """Open a run directory. Raises RunOpenError (missing/foreign dir, unknown schema version).
-        `engine`: where the event pass's batches of ranks run (engine_ray.RayEngine: Ray tasks)."""
-        return cls(Store(path, threads=threads), detectors, progress, engine)
+        """Open a run directory: a local path, or a URL of a run on object storage (s3://bucket/prefix),
+        read through a local mirror (remote_run.py; of only the ranks this process reads itself when
+        the event pass runs as remote tasks). Raises RunOpenError (missing/foreign dir, unreachable
+        store, unknown schema version). `engine`: where the event pass's batches of ranks run
+        (engine_ray.RayEngine: Ray tasks)."""
+        from megascope.tracer.storage import is_url
+        if not is_url(path):
+            return cls(Store(path, threads=threads), detectors, progress, engine)
+        from megascope.analyzer.remote_run import PartialMirror, local_run_dir
+        store = PartialMirror(str(path), threads=threads) if engine is not None \
+            else Store(local_run_dir(path), threads=threads)
+        return cls(store, detectors, progress, engine)
 
     # ---- basic views --------------------------------------------------------------------------
     @property

@@ -358,3 +358,22 @@ def test_held_store_reads_only_its_ranks_while_others_fill_the_folder(runs, tmp_
     for table in ("events", "steps"):
         assert held.query(f"SELECT DISTINCT rank FROM {table}")["rank"].tolist() == [1]
     assert held.files["gpu"] == held.files["kernels"] == []
+
+
+def test_run_open_takes_a_url(runs, tmp_path, monkeypatch):  # noqa: F811
+    """The Python API opens a run on object storage as the CLI does: Run.open(URL) reads a mirror of
+    it, with the findings of the local run."""
+    from megascope.analyzer.run import Run
+    from megascope.tracer.storage import locate
+
+    local = runs["reference"]
+    monkeypatch.setenv("MEGASCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    url = "memory://api/reference"
+    location = locate(url)
+    for path in sorted((p for p in local.rglob("*") if p.is_file() and "analysis" not in p.parts),
+                       key=lambda p: p.name == "run.json"):
+        location.write_bytes(path.relative_to(local).as_posix(), path.read_bytes())
+    remote = Run.open(url)
+    assert remote.path != local and str(tmp_path / "cache") in str(remote.path)
+    expected = [(f.kind, f.ranks, f.steps) for f in Run.open(local).findings()]
+    assert expected and [(f.kind, f.ranks, f.steps) for f in remote.findings()] == expected

@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from fnmatch import fnmatchcase
@@ -237,12 +238,18 @@ class PartialMirror(HeldStore):
 
 
 class Follower:
-    """Keeps a mirror in sync every `interval_s` seconds on a daemon thread. A failing sync is logged
-    (first time, then every 100th) and retried: a live view must outlive a network blip."""
+    """Keeps a mirror in sync every `interval_s` seconds on a daemon thread, or less often when a sync
+    itself is slow: each sync lists the whole run (10^5 objects on a 10^4-rank run take seconds of
+    LIST calls), so the next one waits at least SLOW_FACTOR times as long as the last took and the
+    follower never spends more than ~10% of its time listing. A failing sync is logged (first time,
+    then every 100th) and retried: a live view must outlive a network blip."""
+
+    SLOW_FACTOR = 10.0
 
     def __init__(self, url: str, folder: Path, interval_s: float) -> None:
         self.url, self.folder, self.interval_s = url, folder, max(0.2, interval_s)
         self.failures = 0
+        self.last_sync_s = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="megascope-mirror", daemon=True)
 
@@ -250,14 +257,19 @@ class Follower:
         self._thread.start()
         return self
 
+    def next_wait_s(self) -> float:
+        return max(self.interval_s, self.SLOW_FACTOR * self.last_sync_s)
+
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.wait(self.next_wait_s()):
+            started = time.monotonic()
             try:
                 sync(self.url, self.folder, require_run=False)
             except Exception as exc:  # noqa: BLE001 - any failure: retried at the next tick
                 self.failures += 1
                 if self.failures == 1 or self.failures % 100 == 0:
                     log.warning("mirror of %s: sync failed (%s); retrying", self.url, exc)
+            self.last_sync_s = time.monotonic() - started
 
     def stop(self) -> None:
         self._stop.set()

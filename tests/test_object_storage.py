@@ -377,3 +377,27 @@ def test_run_open_takes_a_url(runs, tmp_path, monkeypatch):  # noqa: F811
     assert remote.path != local and str(tmp_path / "cache") in str(remote.path)
     expected = [(f.kind, f.ranks, f.steps) for f in Run.open(local).findings()]
     assert expected and [(f.kind, f.ranks, f.steps) for f in remote.findings()] == expected
+
+
+def test_follower_backs_off_when_a_sync_is_slow(runs, tmp_path, monkeypatch):  # noqa: F811
+    """A live reader's follower lists the whole run each sync: it waits at least 10x the last sync's
+    duration before the next one, so a run with 10^5 objects is not listed back to back."""
+    from megascope.analyzer.remote_run import Follower, mirror_folder
+    from megascope.tracer.storage import locate
+
+    monkeypatch.setenv("MEGASCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    url = "memory://follow/reference"
+    local = runs["reference"]
+    for path in sorted((p for p in local.rglob("*") if p.is_file()), key=lambda p: p.name == "run.json"):
+        locate(url).write_bytes(path.relative_to(local).as_posix(), path.read_bytes())
+    follower = Follower(url, mirror_folder(url), interval_s=0.2).start()
+    try:
+        deadline = time.monotonic() + 30
+        while follower.last_sync_s == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        follower.stop()
+    assert follower.last_sync_s > 0 and (mirror_folder(url) / "run.json").is_file()
+    assert follower.next_wait_s() == max(0.2, 10 * follower.last_sync_s)
+    follower.last_sync_s = 3.0  # a listing of a very large run
+    assert follower.next_wait_s() == 30.0

@@ -142,16 +142,20 @@ class EdgeSummarizer:
             return None
         if self.done_through is not None and through <= self.done_through:
             return None
+        out = summarize(self.connect(), [self.rank], events, steps, through, self._async_ops)
+        self._events = [events.filter(pc.greater(events["step"], through))]
+        self._steps = [steps.filter(pc.greater(steps["step"], through))]
+        self.done_through = through
+        return out
+
+    def connect(self) -> Any:
+        """The DuckDB connection the summaries run on (one thread), made on first use."""
         if self._con is None:
             import duckdb
 
             self._con = duckdb.connect(config={"threads": 1})
             define_edge_sql(self._con)
-        out = summarize(self._con, [self.rank], events, steps, through, self._async_ops)
-        self._events = [events.filter(pc.greater(events["step"], through))]
-        self._steps = [steps.filter(pc.greater(steps["step"], through))]
-        self.done_through = through
-        return out
+        return self._con
 
     def close(self) -> None:
         if self._con is not None:
@@ -170,6 +174,13 @@ class SummarizingSink:
         self.summarizer = EdgeSummarizer(rank)
         self.errors = 0
         self._pending: list[tuple[str, pa.Table]] = []
+        try:
+            # importing DuckDB and defining the macros holds the GIL ~0.1-0.3 s: pay it when the tracer
+            # starts, not in a flush during training (as the flusher warms pyarrow up)
+            self.summarizer.connect()
+        except Exception as exc:  # noqa: BLE001 - no summaries, tracing goes on
+            self._count(f"edge summaries are off for rank {rank}: {exc!r}")
+            self.summarizer.stopped = True
 
     def write(self, table: str, batch: pa.Table) -> None:
         self.inner.write(table, batch)

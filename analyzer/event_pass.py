@@ -29,7 +29,7 @@ import pandas as pd
 from megascope.analyzer.findings import MIN_LATENESS_S
 from megascope.analyzer.layout import MATCHED_GROUPS, is_regular
 from megascope.analyzer.store import Store, load_sql
-from megascope.tracer.edge_summary import EDGE_SQL, edge_sql
+from megascope.tracer.edge_summary import EDGE_SQL, NO_FIRST_STEP, edge_sql
 from megascope.tracer.layout import Layout
 from megascope.tracer.schema import WAIT_SUFFIX
 
@@ -38,8 +38,6 @@ BATCH_RANKS = 1024
 TIMELINE_ALWAYS_RANKS = 2048
 """Runs up to this size always take the timeline pass (its sort is cheap there)."""
 SAMPLE_RANKS = 32
-NO_FIRST_STEP = -(1 << 62)
-"""first_step of a whole pass: every step."""
 
 SQL_FILES = ("event_pass_flat", "flat_peer_step", "flat_partials", "collectives", "arrivals", "incomplete",
              "rank_step_summary", "edge_rank_step")
@@ -247,10 +245,14 @@ def build_event_pass(store: Store, progress: Progress | None = None, engine: Eng
     (joined into the batch's rank_step rows), appended to the run-wide tables. The rank-steps of
     damaged segments go to `rank_step_incomplete` instead (drop_incomplete). A run whose ranks wrote
     summaries at the edge for every rank-step (edge_summaries_cover) is read from those instead."""
-    if edge_summaries_cover(store):
+    if edge_summaries_cover(store):  # nothing to spread over an engine then
+        if progress is not None:
+            progress("reading the ranks' summaries", 0, 1)
         define_sql(store)
         base = run_start_ns(store)
         from_edge_summaries(store, base)
+        if progress is not None:
+            progress("reading the ranks' summaries", 1, 1)
     else:
         plan = plan_pass(store)
         base = plan.base

@@ -38,6 +38,7 @@ them first too (event_pass.define_sql), so both sides compute the same rows."""
 LAG_STEPS = 2
 """A step is summarized when the steps row of the step this many later has been written."""
 NO_FIRST_STEP = -(1 << 62)
+"""first_step of a whole pass: every step (the macros' `first_step` argument)."""
 _HOUR_NS = 3_600_000_000_000
 _PEER_COLUMNS = [f.name for f in EDGE["edge_peer_step"]]
 _RANK_STEP_COLUMNS = [f.name for f in EDGE["edge_rank_step"]]

@@ -70,9 +70,11 @@ def _cpu_children() -> float:
 
 _WITH_RSS = ("import atexit, resource, runpy, sys; atexit.register(lambda: sys.stderr.write("
              "'\\nMAXRSS_KB %d\\n' % resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)); "
-             "sys.argv = ['megascope'] + sys.argv[1:]; runpy.run_module('megascope', run_name='__main__')")
+             "sys.argv = ['megascope'] + sys.argv[1:]; "
+             "runpy.run_module('megascope', run_name='__main__', alter_sys=True)")
 """`python -m megascope ...` that prints its own peak RSS last on stderr (RUSAGE_CHILDREN keeps the
-largest child's so far, not each one's)."""
+largest child's so far, not each one's). alter_sys: a `__main__` without `__file__` (`python -c`) looks
+interactive to DuckDB, which then draws its progress bar on stdout, into the JSON report."""
 
 
 def _analyze(out: Path, extra: list[str], env: dict | None = None) -> tuple[float, float, float, dict | None, str]:
@@ -86,7 +88,10 @@ def _analyze(out: Path, extra: list[str], env: dict | None = None) -> tuple[floa
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    report = json.loads(res.stdout) if res.returncode == 0 else None
+    try:
+        report = json.loads(res.stdout) if res.returncode == 0 else None
+    except ValueError as exc:  # something else on stdout: say what, as a failed analysis
+        report, res.stderr = None, f"{res.stderr}\nstdout is not one JSON report ({exc}): {res.stdout[:300]!r}"
     rss = [line for line in res.stderr.splitlines() if line.startswith("MAXRSS_KB ")]
     return wall, cpu, int(rss[-1].split()[1]) / 1024 if rss else float("nan"), report, res.stderr
 

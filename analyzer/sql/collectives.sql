@@ -17,7 +17,7 @@ SELECT "group", instance, seq,
     min(first_step) AS step,
     any_value(op_name) AS name,
     sum(n_events) AS members,
-    arg_max(last_rank, last_issue_ns) AS last_rank,
+    arg_max(last_rank, (last_issue_ns, last_rank)) AS last_rank,  -- a tie: the higher rank
     (max(last_issue_ns) - base) / 1e9 - sum(issue_sum_ms) / 1e3 / sum(n_events) AS lateness_s,
     (max(last_issue_ns) - min(first_issue_ns)) / 1e9 AS skew_s,
     greatest(max(last_end_ns) - max(last_issue_ns), 0) / 1e9 AS effective_s

@@ -21,7 +21,7 @@ SELECT "group", instance, seq,
     min(step) AS first_step,
     any_value(op_name) AS op_name,
     count(*) AS n_events,
-    arg_max(rank, start_ns) AS last_rank,
+    arg_max(rank, (start_ns, rank)) AS last_rank,  -- a tie (same ns): the higher rank, not any row
     max(start_ns) AS last_issue_ns,
     min(start_ns) AS first_issue_ns,
     sum((start_ns - base) / 1e6) AS issue_sum_ms,

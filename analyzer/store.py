@@ -85,6 +85,9 @@ class Store:
         self.con = duckdb.connect()
         self.con.execute(f"SET threads={threads or os.cpu_count() or 2}")
         self.con.execute("SET preserve_insertion_order=false")
+        # DuckDB draws a progress bar on stdout for long queries when it takes the process for an
+        # interactive one: it would land in `analyze --json`'s report (the CLI prints its own progress)
+        self.con.execute("SET enable_progress_bar=false")
         # bounded memory: past this DuckDB spills aggregations to disk instead of growing
         self.con.execute(f"SET memory_limit='{memory_limit}'")
         self._spill = tempfile.TemporaryDirectory(prefix="megascope-duckdb-")

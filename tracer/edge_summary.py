@@ -155,6 +155,7 @@ class EdgeSummarizer:
             import duckdb
 
             self._con = duckdb.connect(config={"threads": 1})
+            self._con.execute("SET enable_progress_bar=false")  # never a bar on the training job's stdout
             define_edge_sql(self._con)
         return self._con
 

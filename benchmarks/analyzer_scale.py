@@ -351,6 +351,25 @@ def _findings(rep: dict | None) -> str:
     return ", ".join(f"{f['kind']}:{f['ranks'][:2]}@{f['steps'][0]}" for f in rep["findings"]) or "none"
 
 
+def _versus(findings: list[dict], raw: list[dict]) -> str:
+    """How findings compare with the raw run's: same; same verdicts (kind, ranks, steps) with the fields
+    whose values differ; or the verdicts that differ."""
+    def verdict(f: dict) -> tuple:
+        return f["kind"], tuple(f["ranks"]), f["steps"][0], f["steps"][-1]
+
+    mine, theirs = [verdict(f) for f in findings], [verdict(f) for f in raw]
+    if mine != theirs:
+        return "different verdicts: " + ", ".join(
+            f"{k}:{list(r[:2])} steps {a}-{b}" for k, r, a, b in mine if (k, r, a, b) not in theirs)
+    diffs = []
+    for mine, theirs in zip(_rounded(findings), _rounded(raw)):
+        keys = [k for k in mine if k != "evidence" and mine[k] != theirs.get(k)]
+        keys += [f"evidence.{k}" for k, v in mine.get("evidence", {}).items() if v != theirs.get("evidence", {}).get(k)]
+        if keys:
+            diffs.append(f"{mine['kind']}: {', '.join(keys)}")
+    return "same" if not diffs else "same verdicts; values differ: " + "; ".join(diffs)
+
+
 def edge_cases(args: argparse.Namespace, raw: tuple) -> None:
     """Build (once) and analyze the edge-summary cases; print them beside the raw 100-step case."""
     lo, hi = (int(x) for x in args.tile.split(":"))
@@ -379,14 +398,17 @@ def edge_cases(args: argparse.Namespace, raw: tuple) -> None:
         if rep is None:
             _say(f"analyze {run} failed:\n{err[-3000:]}")
         cases.append((label, run, (wall, cpu, rss, rep, max(load, os.getloadavg()[0]))))
-    raw_findings = _rounded(raw[3]["findings"]) if raw[3] else None
+    raw_findings = raw[3]["findings"] if raw[3] else []
     print("\nEnd to end (`megascope analyze --json`, fresh process, no persisted summary; "
           "target < 60 s, < 4,096 MiB):\n")
     print("| case | wall (s) | CPU (s) | peak RSS (MiB) | load avg | findings | vs raw |")
     print("|---|---|---|---|---|---|---|")
     for label, _, (wall, cpu, rss, rep, load) in cases:
         same = "-" if label.startswith("raw") else "failed" if rep is None else \
-            ("same" if _rounded(rep["findings"]) == raw_findings else "different")
+            _versus(rep["findings"], raw_findings)
+        if rep is not None:  # kept for a closer look (the findings' evidence)
+            (Path(args.edge_out) / f"report-{label.split()[0]}-{label.split()[-2].replace(',', '')}.json").write_text(
+                json.dumps(rep, indent=1))
         print(f"| {label} | {wall:.1f} | {cpu:.1f} | {rss:,.0f} | {load:.1f} | {_findings(rep)} | {same} |")
     if args.phases:
         results = [(label, _phases_child(run)) for label, run, _ in cases]

@@ -23,17 +23,18 @@ and 4 GB), built once under --edge-out and reused while its build.json matches (
                batch): the edge tables of every rank-step, as the ranks' tracers would have written them;
   tiled/       summarized/ hardlinked, then extended to --edge-steps steps: the real steps keep their
                events (the findings and the what-if windows lie there); the steps after them have no
-               events, only copies of the --tile stretch (default 10-29: before the late launch (from
-               30) and the straggler (from 40); it holds two flaps of the p2p link 777-2313, down in
-               steps 10-12 and 20-22, which recur every 10 steps, so the copies keep the flap's period
-               and phase through the last step) of the edge_rank_step, edge_peer_step,
-               edge_collectives and steps rows: steps renumbered, start_ns/end_ns shifted by one global
-               offset per tile (collective members stay aligned; a rank may get a few ms between two
-               steps at a tile boundary, never an overlap), collective seq + 1,000,000 per tile; one
-               more segment per rank and table (ParquetSegmentSink: numbering continues).
+               events, only copies of the --tile stretch of the edge_rank_step, edge_peer_step,
+               edge_collectives and steps rows (default 10-29: before the late launch (from 30) and
+               the straggler (from 40); it holds two flaps of the p2p link 777-2313, down in steps
+               10-12 and 20-22, which recur every 10 steps, so the copies keep the flap's period and
+               phase through the last step): steps renumbered, start_ns/end_ns shifted by one global
+               offset per tile (collective members stay aligned; at a tile boundary a rank may get some
+               ms between two steps, the spread of the ranks' step starts, never an overlap),
+               collective seq + 1,000,000 per tile; one more segment per rank and table
+               (ParquetSegmentSink: numbering continues).
 It prints the build times, the edge tables' rows and size on disk, `megascope analyze --json` on the raw
-run, on summarized/ and on tiled/ side by side (findings compared with the raw run's), and with --phases
-the phase table of each.
+run, on summarized/ and on tiled/ side by side (findings compared with the raw run's verdict by verdict;
+the reports are kept as --edge-out/report-*.json), and with --phases the phase table of each.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ tables (drop_incomplete)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -264,14 +265,16 @@ def build_event_pass(store: Store, progress: Progress | None = None, engine: Eng
 
 def edge_summaries_cover(store: Store) -> bool:
     """Whether the ranks' own summaries (tracer/edge_summary.py) can stand for the run's events: every
-    rank-step of the steps table has exactly one edge_rank_step row, no segment was found damaged, and
-    no rank restarted (a repeated step is summarized by each attempt). Runs the tracer did not write
-    (simulated, imported) and runs with a rank whose summaries stopped have none or too few."""
+    rank with a steps segment wrote its last summary (a `final` edge_rank_step row: at close, with every
+    steps row it wrote summarized), no segment was found damaged, and no rank restarted (a repeated
+    step is summarized by each attempt). Runs the tracer did not write (simulated, imported), a rank
+    killed before close and a rank whose summaries stopped have no final row. The steps table itself is
+    not read: on a 12,288-rank run its 37k-86k files took 10-14 s to join."""
     if not store.files["edge_rank_step"] or store.damaged or store.attempt_bounds:
         return False
-    row = store.query("SELECT (SELECT count(*) FROM steps) AS steps, (SELECT count(*) FROM edge_rank_step) AS rows, "
-                      "(SELECT count(*) FROM steps JOIN edge_rank_step USING (rank, step)) AS matched").iloc[0]
-    return int(row.steps) == int(row.rows) == int(row.matched) > 0
+    ranks = {os.path.basename(os.path.dirname(f)) for f in store.files["steps"]}
+    done = store.query("SELECT count(DISTINCT rank) AS n FROM edge_rank_step WHERE final").n.iloc[0]
+    return int(done) == len(ranks) > 0
 
 
 def from_edge_summaries(store: Store, base: int) -> None:

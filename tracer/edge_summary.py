@@ -41,7 +41,7 @@ NO_FIRST_STEP = -(1 << 62)
 """first_step of a whole pass: every step (the macros' `first_step` argument)."""
 _HOUR_NS = 3_600_000_000_000
 _PEER_COLUMNS = [f.name for f in EDGE["edge_peer_step"]]
-_RANK_STEP_COLUMNS = [f.name for f in EDGE["edge_rank_step"]]
+_RANK_STEP_COLUMNS = [f.name for f in EDGE["edge_rank_step"] if f.name != "final"]
 WRITE_ORDER = ("edge_peer_step", "edge_collectives", "edge_rank_step")
 """edge_rank_step last: its rows say a step's summary is complete (the analyzer's coverage check)."""
 
@@ -58,11 +58,12 @@ def define_edge_sql(con: Any) -> None:
 
 
 def summarize(con: Any, ranks: list[int], events: pa.Table, steps: pa.Table, through: int,
-              async_ops: bool) -> dict[str, pa.Table]:
+              async_ops: bool, final: bool) -> dict[str, pa.Table]:
     """The edge tables of some ranks' steps up to `through` (inclusive), from their `events` and `steps`
     rows (tracer/schema.py EVENTS, STEPS; events of later steps may be included: a wait in the next
     step is read). `con`: a DuckDB connection with the edge macros defined. `async_ops`: the trace has
-    `<op>.wait` rows (event_pass.sql)."""
+    `<op>.wait` rows (event_pass.sql). `final`: these are the ranks' last summaries, after which every
+    steps row they wrote is summarized (edge_rank_step's `final` column)."""
     starts = pc.min(events["start_ns"]).as_py() if events.num_rows else None
     base = (starts if starts is not None else 0) - _HOUR_NS  # any origin: the rows do not depend on it
     con.register("_edge_events", events)
@@ -85,8 +86,9 @@ def summarize(con: Any, ranks: list[int], events: pa.Table, steps: pa.Table, thr
                 "WHERE kind = 'collective' AND step <= $through ORDER BY rank, step, start_ns",
                 params={"through": through}).to_arrow_table(),
             "edge_rank_step": con.sql(
-                "SELECT " + ", ".join(_RANK_STEP_COLUMNS) + " FROM rank_step_of('_edge_steps', '_edge_peer', "
-                "$first, false) ORDER BY rank, step", params={"first": NO_FIRST_STEP}).to_arrow_table(),
+                "SELECT " + ", ".join(_RANK_STEP_COLUMNS) + ", $final AS final FROM rank_step_of("
+                "'_edge_steps', '_edge_peer', $first, false) ORDER BY rank, step",
+                params={"first": NO_FIRST_STEP, "final": final}).to_arrow_table(),
         }
     finally:
         con.unregister("_edge_events")
@@ -143,7 +145,7 @@ class EdgeSummarizer:
             return None
         if self.done_through is not None and through <= self.done_through:
             return None
-        out = summarize(self.connect(), [self.rank], events, steps, through, self._async_ops)
+        out = summarize(self.connect(), [self.rank], events, steps, through, self._async_ops, final)
         self._events = [events.filter(pc.greater(events["step"], through))]
         self._steps = [steps.filter(pc.greater(steps["step"], through))]
         self.done_through = through
@@ -242,7 +244,7 @@ def summarize_run(run_dir: str | Path, batch_ranks: int = 256,
             events["name"], WAIT_SUFFIX))).as_py())
         last = [pc.max(t["step"]).as_py() for t in (events, steps) if t.num_rows]
         if last:
-            tables = summarize(con, batch, events, steps, max(last), async_ops)
+            tables = summarize(con, batch, events, steps, max(last), async_ops, final=True)
             for rank in batch:
                 sink = ParquetSegmentSink(root, rank)
                 for name in WRITE_ORDER:

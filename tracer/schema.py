@@ -78,8 +78,10 @@ EDGE_RANK_STEP = pa.schema(
      ("step_time_s", pa.float64()), ("tokens", pa.int64()), ("model_flops", pa.float64())]
     + [(f"{c}_s", pa.float64()) for c in ("compute", "forward", "backward", "optimizer", "recv", "collective",
                                           "nested_wait", "data_wait", "gap", "gap_p2p", "gap_coll", "own", "other")]
-    + [("n_events", pa.int64())])
-"""One row per summarized step: rank_step.sql's columns less the topology's (pp, dp, tp, host)."""
+    + [("n_events", pa.int64()), ("final", pa.bool_())])
+"""One row per summarized step: rank_step.sql's columns less the topology's (pp, dp, tp, host), and
+`final`: written by the rank's last summary, at close, when every steps row it wrote was summarized
+(the analyzer's coverage check: a rank without such a row is read from its events)."""
 EDGE_PEER_STEP = pa.schema(
     [("rank", pa.int32()), ("step", pa.int64()), ("peer", pa.int32())]
     + [(c, pa.int64()) for c in ("compute_ns", "forward_ns", "backward_ns", "optimizer_ns", "nested_ns", "recv_ns",

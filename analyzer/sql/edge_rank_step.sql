@@ -4,6 +4,6 @@
 --   summaries VARCHAR   -- name of the edge_rank_step relation
 -- Columns: rank_step.sql's.
 CREATE OR REPLACE TEMP MACRO rank_step_of_edge(summaries) AS TABLE
-SELECT s.rank, s.step, t.pp, t.dp, t.tp, t.host, s.* EXCLUDE (rank, step)
+SELECT s.rank, s.step, t.pp, t.dp, t.tp, t.host, s.* EXCLUDE (rank, step, final)
 FROM query_table(summaries) s
 JOIN topology t USING (rank)

@@ -1,7 +1,7 @@
 """Summaries at the edge: each rank's tracer turns its own events into the rows the analyzer's event
 pass derives from them, with the same macros (tracer/sql/), so that the central analysis of a big job
-reads O(ranks x steps) rows instead of every event (analyzer/event_pass.py reads them when they cover
-every rank-step of the run, and the raw events otherwise).
+reads O(ranks x steps) rows instead of every event (analyzer/event_pass.py reads them when every rank
+wrote its last summary, and the raw events otherwise).
 
 Three tables beside the events (tracer/schema.py EDGE, docs/schema.md):
   edge_rank_step    one row per step: rank_step.sql's columns, less the topology's (pp, dp, tp, host)
@@ -11,7 +11,8 @@ Three tables beside the events (tracer/schema.py EDGE, docs/schema.md):
 
 A step is summarized once LAG_STEPS later steps have a steps row (GPU-timed events are resolved after
 the step, and an async op's `.wait` may come in the next step: it decides whether the op counts), or
-when the tracer closes; its events are held until then (a few steps of one rank). The rows are the
+when the tracer closes (those last rows are marked `final`: every steps row the rank wrote is then
+summarized); its events are held until then (a few steps of one rank). The rows are the
 timeline pass's (the variant every run of up to 2,048 ranks takes). Nothing here raises into the
 flusher: the raw events are written first and stay the truth; a failure is logged and counted, and a
 rank whose summaries miss a step only sends the analyzer back to the raw events."""
@@ -43,7 +44,7 @@ _HOUR_NS = 3_600_000_000_000
 _PEER_COLUMNS = [f.name for f in EDGE["edge_peer_step"]]
 _RANK_STEP_COLUMNS = [f.name for f in EDGE["edge_rank_step"] if f.name != "final"]
 WRITE_ORDER = ("edge_peer_step", "edge_collectives", "edge_rank_step")
-"""edge_rank_step last: its rows say a step's summary is complete (the analyzer's coverage check)."""
+"""edge_rank_step last: its rows say a step's summary is complete, its `final` rows that the rank's are."""
 
 
 def edge_sql(name: str) -> str:

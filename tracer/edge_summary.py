@@ -138,6 +138,8 @@ class EdgeSummarizer:
         events = pa.concat_tables(self._events) if self._events else EVENTS.empty_table()
         steps = pa.concat_tables(self._steps) if self._steps else STEPS.empty_table()
         last = [pc.max(t["step"]).as_py() for t in (events, steps) if t.num_rows]
+        if not last:  # nothing held (the held lists keep only the steps after the last summarized)
+            return None
         if final:
             through = max(last)
         elif steps.num_rows:

@@ -240,12 +240,14 @@ def run_batches(store: Store, plan: PassPlan, out: PassTables, engine: Engine | 
 
 # ---- derived tables, by name -------------------------------------------------------------------------
 
-def build_event_pass(store: Store, progress: Progress | None = None, engine: Engine | None = None) -> None:
+def build_event_pass(store: Store, progress: Progress | None = None, engine: Engine | None = None) -> bool:
     """Create the temp tables `_rank_peer_step`, `rank_step` and `collective_instances`: per batch of
     ranks, one read of its events (aggregated per rank-step-peer and per collective) and of its steps
     (joined into the batch's rank_step rows), appended to the run-wide tables. The rank-steps of
     damaged segments go to `rank_step_incomplete` instead (drop_incomplete). A run whose ranks wrote
-    summaries at the edge for every rank-step (edge_summaries_cover) is read from those instead."""
+    summaries at the edge for every rank-step (edge_summaries_cover) is read from those instead.
+    Returns whether the rows are the timeline variant's (the edge summaries' are)."""
+    timeline = True
     if edge_summaries_cover(store):  # nothing to spread over an engine then
         if progress is not None:
             progress("reading the ranks' summaries", 0, 1)
@@ -256,11 +258,12 @@ def build_event_pass(store: Store, progress: Progress | None = None, engine: Eng
             progress("reading the ranks' summaries", 1, 1)
     else:
         plan = plan_pass(store)
-        base = plan.base
+        base, timeline = plan.base, plan.timeline
         run_batches(store, plan, EVENT_PASS_TABLES, engine, progress)
     collective_instances(store, "_collective_partials", "collective_instances", base)
     store.execute("DROP TABLE _collective_partials")
     drop_incomplete(store, "rank_step", "_rank_peer_step", "collective_instances")
+    return timeline
 
 
 def edge_summaries_cover(store: Store) -> bool:

@@ -48,6 +48,8 @@ class Run:
             StragglerDetector(), FlapDetector(), WorkloadImbalanceDetector()]
         self.progress = progress or (lambda label, done, total: None)
         self._built: set[str] = set()
+        self._timeline = True
+        """Whether the event pass's rows are the timeline variant's (build_event_pass)."""
         self._findings: list[Finding] | None = None
         self._hang: HangReport | None | bool = False
         self.summary: SummaryState | None = None  # how the persisted rank-step summary was obtained
@@ -90,14 +92,19 @@ class Run:
         if name in self._built:
             return
         if name == "rank_step":  # one event pass builds rank_step and collective_instances together
-            build_event_pass(self.store, self.progress, self.engine)
+            self._timeline = build_event_pass(self.store, self.progress, self.engine)
         elif name == "summary":  # rank_step + late arrivals, persisted in RUN/analysis (summary_cache.py)
-            self.summary = ensure_summary(self.store, lambda: self._ensure("collectives"),
+            self.summary = ensure_summary(self.store, self._tables_for_summary,
                                           tables_built="collectives" in self._built, progress=self.progress)
         elif name == "collectives":
             self._ensure("rank_step")
             late_arrivals(self.store)  # collective_instances -> late_arrivals (sql/arrivals.sql)
         self._built.add(name)
+
+    def _tables_for_summary(self) -> bool:
+        """rank_step and late_arrivals built (ensure_summary), and whether they are the timeline pass's."""
+        self._ensure("collectives")
+        return self._timeline
 
     def steps(self) -> pd.DataFrame:
         """The steps table (all ranks), ordered by step and rank."""

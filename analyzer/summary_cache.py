@@ -74,13 +74,14 @@ def read_manifest(folder: Path) -> dict | None:
     return manifest if isinstance(manifest, dict) and manifest.get("version") == FORMAT_VERSION else None
 
 
-def ensure_summary(store: Store, build_tables: Callable[[], None], tables_built: bool = False,
+def ensure_summary(store: Store, build_tables: Callable[[], bool], tables_built: bool = False,
                    progress=None) -> SummaryState:
     """Define the view `rank_step_summary`, from the persisted parts when they match the run.
 
     `build_tables()` makes the temp tables rank_step and late_arrivals with the full event pass (the
-    Run's own build); `tables_built`: the Run has them already, so a stale summary is rewritten from
-    them rather than extended."""
+    Run's own build) and says whether their rows are the timeline variant's (the edge summaries'
+    are), which a live run's extension then takes too; `tables_built`: the Run has them already, so
+    a stale summary is rewritten from them rather than extended."""
     folder = summary_dir(store)
     current = _segments(store)
     manifest = read_manifest(folder)
@@ -94,11 +95,7 @@ def ensure_summary(store: Store, build_tables: Callable[[], None], tables_built:
         if not tables_built and set(old) <= set(current) and (first := _first_step(store, new)) is not None:
             _rebuild_from(store, first, bool(manifest["timeline"]), progress)
             return _save(store, folder, manifest, bool(manifest["timeline"]), first)
-    build_tables()
-    # the variant the rows came from, which a live run's extension then takes too (edge summaries:
-    # the timeline pass's rows)
-    timeline = len(store.topology) <= ep.TIMELINE_ALWAYS_RANKS or ep.edge_summaries_cover(store) \
-        or ep.needs_timeline(store, ep.run_start_ns(store))
+    timeline = build_tables()
     _summary_rows(store, "rank_step", "late_arrivals", ep.NO_FIRST_STEP)
     return _save(store, folder, None, timeline, None)
 

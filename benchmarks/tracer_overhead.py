@@ -17,6 +17,7 @@ the per-round ratios.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import tempfile
@@ -33,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megascope import tracer  # noqa: E402
 from megascope.tracer import comm_spans  # noqa: E402
+from megascope.trainer.cli import parse_set  # noqa: E402
 from megascope.trainer.config import JobConfig, TraceConfig, apply_overrides, micro_batches, validate  # noqa: E402
 from megascope.trainer.parallel.parallel_dims import ParallelDims  # noqa: E402
 from megascope.trainer.parallel.parallelize import parallelize  # noqa: E402
@@ -46,9 +48,16 @@ def make_config(args: argparse.Namespace) -> JobConfig:
     cfg = JobConfig()
     apply_overrides(cfg, preset(args.preset), source="preset")
     cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp = args.dp, args.tp, args.pp
-    cfg.trace.nvml = False
+    cfg.train.device = args.device
+    cfg.trace.nvml = args.device == "cuda"  # the default tracing: CUDA events + NVML on a GPU
+    apply_overrides(cfg, parse_set(args.set), source="--set")
     validate(cfg, world_size=args.dp * args.tp * args.pp)
     return cfg
+
+
+def modes(args: argparse.Namespace) -> tuple[str, ...]:
+    """off: no tracer active; on: the default tracing; cupti: the default tracing plus CUPTI kernel activity."""
+    return ("off", "on", "cupti") if args.cupti else ("off", "on")
 
 
 def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict:
@@ -56,33 +65,43 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
     `steps` steps with tracing off, then on (order alternating per round), in the same processes so
     model, data and placement are identical; returns rank 0's step times and the spans recorded.
     One Tracer lives through the whole run (its threads started, as in an always-on job) and is
-    activated for the "on" blocks only; its idle threads also run during the "off" blocks."""
+    activated for the "on" blocks only; its idle threads also run during the "off" blocks. With --cupti
+    a second Tracer, recording CUPTI kernel activity, is active for a third block per round ("cupti")."""
     cfg = make_config(args)
     dims = ParallelDims(args.dp, args.tp, args.pp)
     dims.build_groups()
-    state = parallelize(cfg, dims, torch.device("cpu"), Faults([], rank))
+    device = torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    state = parallelize(cfg, dims, device, Faults([], rank))
     g = torch.Generator().manual_seed(rank // args.tp)
     m, b, s = micro_batches(cfg), cfg.train.micro_batch, cfg.model.seq_len
-    batch = torch.randint(0, cfg.model.vocab_size, (m, b, s + 1), generator=g)
+    batch = torch.randint(0, cfg.model.vocab_size, (m, b, s + 1), generator=g).to(device)
+    names = modes(args)
     rounds: list[dict[str, list[float]]] = []
-    by_role = {mode: dict.fromkeys(_cpu_by_role(), 0.0) for mode in ("off", "on")}
+    by_role = {mode: dict.fromkeys(_cpu_by_role(), 0.0) for mode in names}
     step = 0
     for _ in range(args.warmup):
         train_step(state, batch, cfg.train.lr)
-    t = tracer.Tracer(trace_dir, rank, cfg.trace, "cpu")
+    tracers = {"on": tracer.Tracer(trace_dir, rank, cfg.trace, device)}
+    if args.cupti:
+        with_cupti = dataclasses.replace(cfg.trace, cupti=True)
+        tracers["cupti"] = tracer.Tracer(str(Path(trace_dir) / "cupti"), rank, with_cupti, device)
+        tracer.activate(tracers["cupti"])
+        tracer.deactivate()  # CUPTI records only while this tracer is active
     for rnd in range(args.rounds):
-        rounds.append({key + mode: [] for key in ("", "cpu_", "thread_") for mode in ("off", "on")})
-        for mode in (("off", "on") if rnd % 2 == 0 else ("on", "off")):
+        rounds.append({key + mode: [] for key in ("", "cpu_", "thread_") for mode in names})
+        for mode in names[rnd % len(names):] + names[:rnd % len(names)]:  # rotate the order per round
             before = _cpu_by_role()
-            if mode == "on":
-                tracer.activate(t)
+            if mode != "off":
+                tracer.activate(tracers[mode])
             for _ in range(args.steps):
                 dist.barrier()
                 tracer.set_step(step)
                 start, cpu_start, thread_start = time.perf_counter(), time.process_time(), time.thread_time()
                 with tracer.span("data_wait", kind="host"):
                     pass  # batches are prepared up front; keep the span the real loop records
-                result = train_step(state, batch, cfg.train.lr)
+                result = train_step(state, batch, cfg.train.lr)  # ends in a device sync (the loss)
                 tracer.record_step(tokens=result.tokens, loss=result.loss, grad_norm=result.grad_norm)
                 rounds[-1][mode].append(time.perf_counter() - start)
                 rounds[-1]["cpu_" + mode].append(time.process_time() - cpu_start)
@@ -92,10 +111,13 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
             after = _cpu_by_role()
             for role in after:
                 by_role[mode][role] += after[role] - before[role]
-    wakeups = t.completion.sweeps if t.completion is not None else 0
-    t.close()
+    on = tracers["on"]
+    wakeups = on.completion.sweeps if on.completion is not None else 0
+    kernels = tracers["cupti"].cupti.kernels if "cupti" in tracers and tracers["cupti"].cupti else 0
+    for t in tracers.values():
+        t.close()
     spans = sum(tb.num_rows for tb in _read_events(trace_dir, rank))
-    return {"rounds": rounds, "spans": spans, "wakeups": wakeups,
+    return {"rounds": rounds, "spans": spans, "wakeups": wakeups, "kernels": kernels,
             "by_role": by_role}
 
 
@@ -202,6 +224,12 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=2, help="steps per block (short blocks: more pairs)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--micro-only", action="store_true", help="only the ns-per-span microbenchmark")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config field of the preset, as `megascope train --set`")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the job runs (cuda: one GPU per rank, default tracing = CUDA events + NVML)")
+    p.add_argument("--cupti", action="store_true",
+                   help="a third block per round: the default tracing plus CUPTI kernel activity (GPU)")
     args = p.parse_args()
     devices = ["none", "cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
     print("| microbenchmark (training thread) | ns |\n|---|---:|")
@@ -217,23 +245,32 @@ def main() -> None:
     rounds = result["rounds"]
     n_on = sum(len(r["on"]) for r in rounds)
     spans_per_step = result["spans"] / n_on
-    print(f"\njob: megascope trainer, preset {args.preset}, dp={args.dp} tp={args.tp} pp={args.pp} on gloo; "
-          f"{args.rounds} rounds x {args.steps} steps per mode, interleaved; rank 0; {spans_per_step:.0f} "
-          f"spans/step; completion sweeps/step (background thread, when something was pending) "
-          f"{result['wakeups'] / n_on:.1f}")
-    print("on/off = ratio of the means over all rounds; the 95% interval resamples whole rounds "
+    print(f"\njob: megascope trainer, preset {args.preset}, dp={args.dp} tp={args.tp} pp={args.pp} on "
+          f"{args.device} (gloo); {args.rounds} rounds x {args.steps} steps per mode, interleaved; rank 0; "
+          f"{spans_per_step:.0f} spans/step; completion sweeps/step (background thread, when something was "
+          f"pending) {result['wakeups'] / n_on:.1f}")
+    print("B/A = ratio of the means over all rounds; the 95% interval resamples whole rounds "
           "(bootstrap), so it is what the run can resolve")
-    print("| statistic | off (ms) | on (ms) | on/off (95% CI) | overhead % | median of per-round ratios | "
+    print("| statistic | A | B | A (ms) | B (ms) | B/A (95% CI) | overhead % | median of per-round ratios | "
           "cost per span (ns) |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
+    pairs = [("off", "on")] + ([("off", "cupti"), ("on", "cupti")] if args.cupti else [])
     for label, key in (("step time (wall)", ""), ("training thread CPU", "thread_"),
                        ("process CPU (all threads)", "cpu_")):
-        stat = paired_ratio(rounds, key)
-        per_span = (stat.on - stat.off) / spans_per_step * 1e9 if spans_per_step else float("nan")
-        print(f"| {label} | {stat.off * 1e3:.2f} | {stat.on * 1e3:.2f} | {stat.ratio:.4f} "
-              f"({stat.low:.4f}-{stat.high:.4f}) | {(stat.ratio - 1) * 100:+.2f} | {stat.median:.4f} | "
-              f"{per_span:.0f} |")
-    print_cpu_by_role(result["by_role"], n_on, n_on)
+        for a, b in pairs:
+            stat = paired_ratio(rounds, key, a, b)
+            per_span = (stat.on - stat.off) / spans_per_step * 1e9 if spans_per_step and b == "on" else float("nan")
+            print(f"| {label} | {a} | {b} | {stat.off * 1e3:.2f} | {stat.on * 1e3:.2f} | {stat.ratio:.4f} "
+                  f"({stat.low:.4f}-{stat.high:.4f}) | {(stat.ratio - 1) * 100:+.2f} | {stat.median:.4f} | "
+                  f"{per_span:.0f} |")
+    if args.cupti:
+        n_cupti = sum(len(r["cupti"]) for r in rounds)
+        kernels_per_step = result["kernels"] / max(n_cupti, 1)
+        stat = paired_ratio(rounds, "", "on", "cupti")
+        print(f"\nCUPTI kernel activity: {kernels_per_step:.0f} kernels/step recorded; cost per kernel "
+              f"{(stat.on - stat.off) / max(kernels_per_step, 1) * 1e9:.0f} ns of step time "
+              f"(cupti - on, 95% CI of the ratio {stat.low:.4f}-{stat.high:.4f})")
+    print_cpu_by_role(result["by_role"], {mode: sum(len(r[mode]) for r in rounds) for mode in modes(args)})
 
 
 @dataclass
@@ -246,11 +283,13 @@ class PairedRatio:
     median: float
 
 
-def paired_ratio(rounds: list[dict[str, list[float]]], key: str, resamples: int = 2000) -> PairedRatio:
-    """on/off as the ratio of the means over all rounds (each round pairs an off and an on block, run
-    back to back), its 95% bootstrap interval over rounds, and the median of the per-round ratios."""
-    off = np.array([statistics.fmean(r[key + "off"]) for r in rounds])
-    on = np.array([statistics.fmean(r[key + "on"]) for r in rounds])
+def paired_ratio(rounds: list[dict[str, list[float]]], key: str, a: str = "off", b: str = "on",
+                 resamples: int = 2000) -> PairedRatio:
+    """b/a (modes, e.g. on/off) as the ratio of the means over all rounds (each round runs a block of
+    every mode back to back), its 95% bootstrap interval over rounds, and the median of the per-round
+    ratios. The result's `off` and `on` fields are the means of a and b."""
+    off = np.array([statistics.fmean(r[key + a]) for r in rounds])
+    on = np.array([statistics.fmean(r[key + b]) for r in rounds])
     picks = np.random.default_rng(0).integers(0, len(rounds), (resamples, len(rounds)))
     boot = on[picks].sum(axis=1) / off[picks].sum(axis=1)
     low, high = np.quantile(boot, [0.025, 0.975])
@@ -258,18 +297,19 @@ def paired_ratio(rounds: list[dict[str, list[float]]], key: str, resamples: int 
                        float(np.median(on / off)))
 
 
-def print_cpu_by_role(by_role: dict[str, dict[str, float]], n_off: int, n_on: int) -> None:
+def print_cpu_by_role(by_role: dict[str, dict[str, float]], steps: dict[str, int]) -> None:
     """Where the extra CPU goes (rank 0, summed over all blocks of a mode, per step)."""
+    names = list(steps)
     print("\nCPU per step by thread, rank 0 (us): where tracing costs")
-    print("| thread | off | on | on - off |\n|---|---:|---:|---:|")
+    print("| thread | " + " | ".join(names) + " | on - off |\n|---|" + "---:|" * (len(names) + 1))
     for role, label in (("training", "training thread"), ("tracer", "tracer threads (megascope-*)"),
                         ("other", "other threads (gloo, ...)"), ("process", "process")):
-        def per_step(mode: str, n: int) -> float:
+        def per_step(mode: str) -> float:
             d = by_role[mode]
             value = d["process"] - d["training"] - d["tracer"] if role == "other" else d[role]
-            return 1e6 * value / max(n, 1)
-        a, b = per_step("off", n_off), per_step("on", n_on)
-        print(f"| {label} | {a:.0f} | {b:.0f} | {b - a:+.0f} |")
+            return 1e6 * value / max(steps[mode], 1)
+        values = [per_step(mode) for mode in names]
+        print(f"| {label} | " + " | ".join(f"{v:.0f}" for v in values) + f" | {values[1] - values[0]:+.0f} |")
 
 
 if __name__ == "__main__":

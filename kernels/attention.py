@@ -9,13 +9,16 @@ Three implementations of the same math on q, k, v of shape [batch, heads, seq, h
 - `flash_attention`: a Triton flash-attention forward (online softmax, key blocks outside the causal
   window are never visited). Its backward recomputes the forward through SDPA and differentiates that
   (no hand-written Triton backward yet): exact gradients, one extra attention forward in backward.
+- `flex_window_attention`: torch's FlexAttention with a sliding-window block mask: compiled forward
+  AND backward kernels that skip the blocks outside the window (what training needs).
 
-`causal_attention` picks the fastest one that applies: the Triton kernel for a sliding window on
-CUDA when no gradient is needed, SDPA otherwise (timings in docs/model.md).
+`causal_attention` picks the fastest one that applies (timings in docs/model.md): for a sliding window
+on CUDA, the Triton kernel when no gradient is needed and FlexAttention in training; SDPA otherwise.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -27,6 +30,12 @@ try:
     HAS_TRITON = True
 except ImportError:  # CPU builds and machines without triton use SDPA
     HAS_TRITON = False
+
+try:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    HAS_FLEX = True
+except ImportError:  # torch < 2.5
+    HAS_FLEX = False
 
 _FLASH_HEAD_DIMS = (16, 32, 64, 128)
 
@@ -69,10 +78,42 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: 
     # has no fast path for a boolean mask and the Triton forward (which skips out-of-window blocks) is
     # 5-7x faster, but with gradients our SDPA-recompute backward makes fwd+bwd ~5% slower than plain
     # SDPA, so the kernel only runs when no gradient is needed (evaluation, inference).
+    # In training, FlexAttention's compiled backward skips the out-of-window blocks too.
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if 0 < window < q.shape[-2] and not needs_grad and flash_usable(q):
-        return flash_attention(q, k, v, window)
+    if 0 < window < q.shape[-2] and q.is_cuda:
+        if not needs_grad and flash_usable(q):
+            return flash_attention(q, k, v, window)
+        if needs_grad and HAS_FLEX:
+            return flex_window_attention(q, k, v, window)
     return sdpa_attention(q, k, v, window)
+
+
+def flex_window_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int,
+                          compiled: bool = True) -> torch.Tensor:
+    """Sliding-window causal attention through FlexAttention. `compiled=False` runs torch's unfused
+    reference implementation of it (any device; slow): the tests compare the two paths' math on CPU."""
+    if not HAS_FLEX:
+        raise RuntimeError("flex_window_attention needs torch.nn.attention.flex_attention (torch >= 2.5)")
+    s = q.shape[-2]
+    block_mask = _window_block_mask(s, window, str(q.device))
+    attend = _compiled_flex() if compiled else flex_attention
+    return attend(q, k, v, block_mask=block_mask)
+
+
+@functools.cache
+def _compiled_flex():
+    # One compiled kernel per shape; flex_attention only reaches its fused speed through torch.compile.
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@functools.lru_cache(maxsize=8)
+def _window_block_mask(seq_len: int, window: int, device: str):
+    """The block mask of `i - window < j <= i` (cached: building it scans every block pair)."""
+
+    def in_window(b, h, q_idx, kv_idx):
+        return (kv_idx <= q_idx) & (q_idx - kv_idx < window)
+
+    return create_block_mask(in_window, B=None, H=None, Q_LEN=seq_len, KV_LEN=seq_len, device=device)
 
 
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int = 0) -> torch.Tensor:

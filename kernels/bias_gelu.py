@@ -33,7 +33,7 @@ def bias_gelu_reference(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
 
 def bias_gelu(x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """gelu_tanh(x + bias), bias broadcast over the last dim."""
-    if HAS_TRITON and x.is_cuda:
+    if HAS_TRITON and x.is_cuda and not torch.compiler.is_compiling():  # Inductor fuses the plain ops itself
         return _TritonBiasGelu.apply(x, bias)
     return F.gelu(x + bias, approximate="tanh")
 

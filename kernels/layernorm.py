@@ -33,7 +33,10 @@ def layer_norm_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 
 
 def _triton_usable(x: torch.Tensor) -> bool:
-    return HAS_TRITON and x.is_cuda and x.shape[-1] * x.element_size() <= _MAX_TRITON_ROW_BYTES
+    # Under torch.compile the plain op is better: Inductor fuses it with its neighbours (residual add,
+    # the cast to bf16), which our standalone kernel cannot.
+    return (HAS_TRITON and x.is_cuda and x.shape[-1] * x.element_size() <= _MAX_TRITON_ROW_BYTES
+            and not torch.compiler.is_compiling())
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:

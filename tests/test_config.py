@@ -36,6 +36,10 @@ def test_bool_flags_accept_on_off():
     (["--dp", "3"], "not divisible by micro_batch*dp"),
     (["--vpp", "2"], "needs --pp > 1"),
     (["--optimizer", "sgd"], "optimizer 'sgd' unknown"),
+    (["--set", "train.backend=mpi"], "backend 'mpi' unknown"),
+    (["--device", "cpu", "--set", "train.backend=nccl"], "train.backend=nccl needs --device cuda"),
+    (["--device", "cuda", "--set", "train.backend=gloo", "--dp", "2"], "set --set parallel.zero=false"),
+    (["--device", "cuda", "--set", "train.backend=gloo", "--zero", "off", "--pp", "2"], "--pp 1"),
 ])
 def test_invalid_layouts_say_what_to_change(flags, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -104,3 +108,10 @@ def test_train_help_explains_flags(capsys):
         build_parser("train").parse_args(["train", "--help"])
     out = capsys.readouterr().out
     assert "[parallel.tp] Tensor-parallel degree" in out and "--inject" in out
+
+
+def test_gloo_on_a_gpu_is_accepted_for_plain_data_parallelism():
+    cfg = resolve_config(parse("--preset", "tiny", "--device", "cuda", "--dp", "2", "--zero", "off",
+                               "--set", "train.backend=gloo"))
+    assert cfg.train.backend == "gloo"
+

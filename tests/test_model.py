@@ -123,3 +123,11 @@ def test_a_few_steps_fit_one_batch() -> None:
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0]
+
+
+@pytest.mark.parametrize("options", [{}, {"parallel_block": True}, {"tie_embeddings": False, "ffn_mult": 2}])
+def test_parameter_count_from_the_shape_equals_the_built_model(options: dict) -> None:
+    from megascope.trainer.modeling.flops import parameter_count
+
+    cfg = ModelConfig(n_layers=3, hidden=64, n_heads=4, seq_len=32, **options)
+    assert parameter_count(cfg) == GPT(cfg).num_params()

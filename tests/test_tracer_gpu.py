@@ -111,3 +111,27 @@ def test_cupti_kernels_table():
                for r in rows), [r["name"] for r in rows][:5]
     inside = [r for r in rows if before - 5_000_000 <= r["start_ns"] <= after + 5_000_000]
     assert len(inside) >= 5, (before, after, rows[:3])
+
+
+def test_cupti_records_only_while_the_tracer_is_active():
+    pytest.importorskip("cupti")
+    sink = tracer.MemorySink()
+    t = tracer.Tracer(None, 0, TraceConfig(nvml=False, cupti=True, flush_interval_s=0.2), "cuda:0", sink=sink)
+    if not t.cupti.active:
+        t.close()
+        pytest.skip("CUPTI could not be enabled here")
+    x = torch.randn(256, 256, device="cuda")
+    tracer.activate(t)
+    tracer.deactivate()
+    for _ in range(50):
+        x = x @ x  # not recorded: no tracer active
+    torch.cuda.synchronize()
+    t.cupti.flush()
+    inactive = t.cupti.kernels
+    tracer.activate(t)
+    for _ in range(5):
+        x = x @ x
+    torch.cuda.synchronize()
+    t.close()
+    tracer.deactivate()
+    assert inactive < 5 <= t.cupti.kernels - inactive < 50, (inactive, t.cupti.kernels)

@@ -41,11 +41,15 @@ def activate(tracer: Tracer) -> None:
     if not isinstance(tracer, Tracer):
         raise TypeError(f"activate() takes a Tracer, got {type(tracer).__name__}")
     _active = tracer
+    if tracer.cupti is not None:
+        tracer.cupti.set_recording(True)
 
 
 def deactivate() -> None:
-    """No active tracer: every span and comm wrapper becomes a no-op again."""
+    """No active tracer: every span and comm wrapper becomes a no-op again, and CUPTI records no kernels."""
     global _active
+    if _active is not None and _active.cupti is not None:
+        _active.cupti.set_recording(False)
     _active = None
 
 

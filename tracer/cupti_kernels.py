@@ -79,6 +79,16 @@ class CuptiKernelRecorder:
             except Exception as exc:  # called from CUPTI's thread: never raise into it
                 log.warning("tracer: skipping a CUPTI record: %r", exc)
 
+    def set_recording(self, on: bool) -> None:
+        """Switch CUPTI's kernel activity on or off (the tracer's activate/deactivate call it: a tracer
+        that is not active records no kernels, and the GPU pays nothing for it)."""
+        if self._cupti is None:
+            return
+        try:
+            (self._cupti.activity_enable if on else self._cupti.activity_disable)(self._kind)
+        except Exception as exc:
+            log.warning("tracer: CUPTI kernel activity could not be switched %s: %r", "on" if on else "off", exc)
+
     def _run(self, flush_s: float) -> None:
         while not self._stop.wait(flush_s):
             self.flush()

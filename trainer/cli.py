@@ -101,6 +101,18 @@ def _shown(value: object) -> str:
     return repr(value) if value == "" else str(value)
 
 
+def parse_set(items: list[str]) -> dict[str, dict[str, str]]:
+    """`--set SECTION.KEY=VALUE` items as {section: {key: value}} (values typed later by apply_overrides)."""
+    overrides: dict[str, dict[str, str]] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not eq or not dot:
+            raise ConfigError(f"--set '{item}': expected SECTION.KEY=VALUE, e.g. train.lr=1e-3")
+        overrides.setdefault(section, {})[name] = value
+    return overrides
+
+
 def resolve_config(args: argparse.Namespace) -> JobConfig:
     """defaults < preset < TOML < flags < --set, then validate (before any process starts)."""
     cfg = JobConfig()
@@ -113,12 +125,8 @@ def resolve_config(args: argparse.Namespace) -> JobConfig:
         value = getattr(args, flag.lstrip("-").replace("-", "_"))
         if value is not None:
             overrides.setdefault(section, {})[name] = value
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        section, dot, name = key.partition(".")
-        if not eq or not dot:
-            raise ConfigError(f"--set '{item}': expected SECTION.KEY=VALUE, e.g. train.lr=1e-3")
-        overrides.setdefault(section, {})[name] = value
+    for section, values in parse_set(args.set).items():
+        overrides.setdefault(section, {}).update(values)
     apply_overrides(cfg, overrides, source="command line")
     if args.run_dir:
         cfg.run_dir = args.run_dir

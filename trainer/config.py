@@ -23,6 +23,7 @@ Recompute = Literal["none", "selective", "full"]
 Optimizer = Literal["adamw", "lamb"]
 Dtype = Literal["fp32", "bf16"]
 Device = Literal["auto", "cpu", "cuda"]
+Backend = Literal["auto", "nccl", "gloo"]
 SelfCheckWhen = Literal["restart", "always", "off"]
 CheckpointFormat = Literal["dcp", "snapshot"]
 RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
@@ -104,6 +105,12 @@ class TrainConfig:
     """Compute dtype: fp32 or bf16 (bf16 autocast on GPU)."""
     device: Device = "auto"
     """auto (cuda when present), cpu or cuda."""
+    backend: Backend = "auto"
+    """Collectives: auto (nccl on cuda, gloo on cpu), nccl or gloo. gloo on cuda lets several ranks share one
+    GPU (NCCL refuses that), staging CUDA tensors through the host; it then needs parallel.zero = false."""
+    compile: bool = False
+    """torch.compile each transformer block (Inductor fuses LayerNorm, GeLU, bias and residual adds);
+    the first steps pay the compilation."""
 
 
 @dataclass
@@ -285,6 +292,7 @@ CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "train.optimizer": ("optimizer", get_args(Optimizer)),
     "train.dtype": ("dtype", get_args(Dtype)),
     "train.device": ("device", get_args(Device)),
+    "train.backend": ("backend", get_args(Backend)),
     "parallel.recompute": ("recompute", RECOMPUTE_MODES),
     "trace.level": ("trace level", TRACE_LEVELS),
     "robust.self_check": ("robust.self_check", get_args(SelfCheckWhen)),
@@ -327,6 +335,8 @@ def validate(cfg: JobConfig, world_size: int | None = None) -> None:
             raise ConfigError(f"{what} '{value}' unknown; use {_one_of(allowed)}")
     if t.steps < 1:
         raise ConfigError("--steps must be >= 1")
+    if t.device != "auto":
+        check_backend(cfg, t.device)
     r = cfg.robust
     if r.checkpoint_format == "snapshot" and "://" in r.checkpoint_dir:
         raise ConfigError(f"robust.checkpoint_dir {r.checkpoint_dir} is a URL: only robust.checkpoint_format=dcp "
@@ -334,6 +344,26 @@ def validate(cfg: JobConfig, world_size: int | None = None) -> None:
     if 0 < r.heartbeat_timeout_s <= 2 * r.heartbeat_interval_s:
         raise ConfigError(f"robust.heartbeat_timeout_s ({r.heartbeat_timeout_s}) must exceed twice "
                           f"robust.heartbeat_interval_s ({r.heartbeat_interval_s}), or be 0 (off)")
+
+
+def backend_for(cfg: JobConfig, device_type: str) -> str:
+    """The collectives backend the ranks use on `device_type` ('cuda' or 'cpu')."""
+    if cfg.train.backend != "auto":
+        return cfg.train.backend
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def check_backend(cfg: JobConfig, device_type: str) -> None:
+    """Raise ConfigError when the backend cannot run this job on `device_type` (validate checks it before
+    launch when --device is explicit; each rank again once `auto` has resolved)."""
+    p, backend = cfg.parallel, backend_for(cfg, device_type)
+    if backend == "nccl" and device_type == "cpu":
+        raise ConfigError("train.backend=nccl needs --device cuda (NCCL has no CPU path); use gloo or auto")
+    if backend == "gloo" and device_type == "cuda" and (p.zero or p.tp > 1 or p.pp > 1):
+        # gloo moves CUDA tensors for all-reduce and broadcast only: no reduce-scatter, all-gather into
+        # one tensor or send/recv, which ZeRO, tensor and pipeline parallelism need.
+        raise ConfigError("train.backend=gloo on a GPU runs data parallelism only: set --set parallel.zero=false, "
+                          "--tp 1 and --pp 1 (or use --device cpu, or backend nccl)")
 
 
 def check_layout(cfg: JobConfig) -> None:

@@ -71,7 +71,8 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
     if problem:
         print(f"megascope train: {problem}", file=sys.stderr)
         return 2
-    problem = (check_run_dir(cfg.run_dir, args.resume) or check_device(cfg.train.device, nproc)
+    problem = (check_run_dir(cfg.run_dir, args.resume)
+               or check_device(cfg.train.device, nproc, share_gpus=cfg.train.backend == "gloo")
                or check_data(cfg.data.path, cfg.model.seq_len) or check_resume(cfg, args.resume))
     if problem:
         print(f"megascope train: {problem}", file=sys.stderr)

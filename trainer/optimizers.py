@@ -32,7 +32,7 @@ class ShardLayout:
     """What each element of a flat shard is. Padding elements belong to segment `n_params`."""
 
     segment_ids: torch.Tensor
-    """int64 [numel]: index of the parameter an element belongs to (n_params for padding)."""
+    """int32 [numel]: index of the parameter an element belongs to (n_params for padding)."""
     n_params: int
     """Number of parameters the optimizer manages (same numbering on every dp and tp rank)."""
     decay_mask: torch.Tensor
@@ -48,40 +48,63 @@ class ShardLayout:
     def for_tensors(cls, params: list[torch.Tensor], tp_sharded: list[bool] | None = None) -> "ShardLayout":
         """Layout of the plain concatenation of `params` (no sharding, no padding); used by tests and
         by anyone optimizing a handful of tensors flattened into one."""
-        ids = torch.cat([torch.full((p.numel(),), i, dtype=torch.int64) for i, p in enumerate(params)])
+        ids = torch.cat([torch.full((p.numel(),), i, dtype=torch.int32) for i, p in enumerate(params)])
         decay = torch.cat([torch.full((p.numel(),), float(p.dim() >= 2)) for p in params])
         sharded = torch.tensor(tp_sharded if tp_sharded is not None else [False] * len(params))
         return cls(ids, len(params), decay, sharded)
+
+    def decay_ranges(self) -> list[tuple[int, int]]:
+        """[lo, hi) runs of elements that take weight decay (each is part of one weight matrix)."""
+        edges = torch.diff(self.decay_mask.to(device="cpu", dtype=torch.int8), prepend=torch.zeros(1, dtype=torch.int8),
+                           append=torch.zeros(1, dtype=torch.int8))
+        starts = (edges == 1).nonzero().flatten().tolist()
+        ends = (edges == -1).nonzero().flatten().tolist()
+        return list(zip(starts, ends))
 
     def to(self, device: torch.device) -> "ShardLayout":
         return ShardLayout(self.segment_ids.to(device), self.n_params, self.decay_mask.to(device),
                            self.tp_sharded.to(device))
 
 
+CHUNK = 1 << 26
+"""Elements per piece of the element-wise update: its temporaries stay at 256 MiB (fp32) instead of
+the size of the whole shard (8 GB for a 2B-parameter model on one GPU)."""
+
+
+def pieces(n: int) -> list[slice]:
+    return [slice(lo, min(lo + CHUNK, n)) for lo in range(0, n, CHUNK)]
+
+
 class AdamW:
     """Decoupled weight decay Adam (Loshchilov & Hutter), step-for-step the same arithmetic as
-    torch.optim.AdamW (non-fused, non-amsgrad), on one flat shard."""
+    torch.optim.AdamW (non-fused, non-amsgrad), on one flat shard. The state lives on `device`
+    (default: the layout's); the layout itself may stay on the CPU (AdamW reads only its decay runs)."""
 
     def __init__(self, layout: ShardLayout, betas: tuple[float, float], weight_decay: float,
-                 eps: float = ADAMW_EPS) -> None:
+                 eps: float = ADAMW_EPS, device: torch.device | None = None) -> None:
         self.layout = layout
         self.beta1, self.beta2 = betas
         self.weight_decay = weight_decay
         self.eps = eps
         self.step_count = 0
-        self.exp_avg = torch.zeros(layout.numel, dtype=torch.float32, device=layout.segment_ids.device)
+        device = device if device is not None else layout.segment_ids.device
+        self._decay_ranges = layout.decay_ranges()
+        self.exp_avg = torch.zeros(layout.numel, dtype=torch.float32, device=device)
         self.exp_avg_sq = torch.zeros_like(self.exp_avg)
 
     def step(self, params: torch.Tensor, grads: torch.Tensor, lr: float) -> None:
         self.step_count += 1
         bc1 = 1 - self.beta1 ** self.step_count
         bc2 = 1 - self.beta2 ** self.step_count
-        # decay first, as torch does: p *= 1 - lr*wd (only where the mask is 1)
-        params.mul_(1 - lr * self.weight_decay * self.layout.decay_mask)
-        self.exp_avg.lerp_(grads, 1 - self.beta1)
-        self.exp_avg_sq.mul_(self.beta2).addcmul_(grads, grads, value=1 - self.beta2)
-        denom = (self.exp_avg_sq.sqrt() / math.sqrt(bc2)).add_(self.eps)
-        params.addcdiv_(self.exp_avg, denom, value=-lr / bc1)
+        # decay first, as torch does: p *= 1 - lr*wd (only the weight matrices' runs)
+        if self.weight_decay and self._decay_ranges:
+            torch._foreach_mul_([params[lo:hi] for lo, hi in self._decay_ranges], 1 - lr * self.weight_decay)
+        for piece in pieces(params.numel()):
+            exp_avg, exp_avg_sq, grad = self.exp_avg[piece], self.exp_avg_sq[piece], grads[piece]
+            exp_avg.lerp_(grad, 1 - self.beta1)
+            exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
+            denom = (exp_avg_sq.sqrt() / math.sqrt(bc2)).add_(self.eps)
+            params[piece].addcdiv_(exp_avg, denom, value=-lr / bc1)
 
     def state_dict(self) -> dict:
         return {"step": self.step_count, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
@@ -106,8 +129,9 @@ class Lamb(AdamW):
 
     def __init__(self, layout: ShardLayout, betas: tuple[float, float], weight_decay: float,
                  eps: float = LAMB_EPS, dp_group: ProcessGroup | None = None, tp_group: ProcessGroup | None = None,
-                 before_dp_collective: Callable[[], None] | None = None) -> None:
-        super().__init__(layout, betas, weight_decay, eps)
+                 before_dp_collective: Callable[[], None] | None = None, device: torch.device | None = None) -> None:
+        super().__init__(layout, betas, weight_decay, eps, device)
+        self.layout = layout.to(self.exp_avg.device)  # LAMB reads every element's parameter
         self.dp_group = dp_group
         self.tp_group = tp_group
         self.before_dp_collective = before_dp_collective
@@ -149,11 +173,13 @@ class Lamb(AdamW):
 
 def build_optimizer(name: str, layout: ShardLayout, betas: tuple[float, float], weight_decay: float,
                     dp_group: ProcessGroup | None = None, tp_group: ProcessGroup | None = None,
-                    before_dp_collective: Callable[[], None] | None = None) -> AdamW:
-    """`name` is TrainConfig.optimizer: adamw or lamb. dp_group: set when the shard is a ZeRO slice."""
+                    before_dp_collective: Callable[[], None] | None = None,
+                    device: torch.device | None = None) -> AdamW:
+    """`name` is TrainConfig.optimizer: adamw or lamb. dp_group: set when the shard is a ZeRO slice.
+    The state goes to `device` (default: the layout's)."""
     if name == "adamw":
-        return AdamW(layout, betas, weight_decay)
+        return AdamW(layout, betas, weight_decay, device=device)
     if name == "lamb":
         return Lamb(layout, betas, weight_decay, dp_group=dp_group, tp_group=tp_group,
-                    before_dp_collective=before_dp_collective)
+                    before_dp_collective=before_dp_collective, device=device)
     raise ValueError(f"optimizer '{name}' unknown; use adamw or lamb")

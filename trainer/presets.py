@@ -21,6 +21,13 @@ PRESETS: dict[str, dict[str, Any]] = {
         "train": {"global_batch": 64, "micro_batch": 4, "lr": 3e-4, "min_lr": 3e-5,
                   "warmup_steps": 50, "dtype": "bf16", "device": "cuda"},
     },
+    # A ~2B-parameter GPT for one 80 GB GPU (H100/H200), sized for MFU: hidden 2560 (head_dim 128),
+    # seq 2048, a GPT-2-sized vocabulary, bf16, blocks compiled. ~55 GB with AdamW's fp32 state.
+    "gpu-2b": {
+        "model": {"n_layers": 24, "hidden": 2560, "n_heads": 20, "seq_len": 2048, "vocab_size": 50304},
+        "train": {"global_batch": 16, "micro_batch": 2, "lr": 2e-4, "min_lr": 2e-5,
+                  "warmup_steps": 50, "dtype": "bf16", "device": "cuda", "compile": True},
+    },
 }
 
 

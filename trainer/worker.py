@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from megascope.tracer.run_dir import update_manifest
-from megascope.trainer.config import JobConfig
+from megascope.trainer.config import JobConfig, backend_for, check_backend
 from megascope.trainer.modeling.peak_flops import detect_peak
 from megascope.trainer.parallel.parallel_dims import ParallelDims
 from megascope.trainer.robust.faults import Faults, parse_specs
@@ -25,12 +25,15 @@ ONE_SHOT = ("crash", "hang")
 """Fault kinds that fire only in the first attempt (TORCHELASTIC_RESTART_COUNT == 0)."""
 
 
-def pick_device(choice: str, local_rank: int) -> torch.device:
+def pick_device(choice: str, local_rank: int, share_gpus: bool = False) -> torch.device:
+    """The rank's device: GPU `local_rank`, or with `share_gpus` (gloo, which lets ranks share a GPU)
+    GPU `local_rank % GPUs`."""
     if choice == "cuda" or (choice == "auto" and torch.cuda.is_available()):
         if not torch.cuda.is_available():
             raise RuntimeError("--device cuda asked for, but torch sees no CUDA device; use --device cpu")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+        index = local_rank % torch.cuda.device_count() if share_gpus else local_rank
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
     return torch.device("cpu")
 
 
@@ -43,8 +46,9 @@ def worker_main(cfg_dict: dict[str, Any], threads: int) -> None:
     heartbeat = Heartbeat(cfg.run_dir, rank, cfg.robust.heartbeat_interval_s, restart, local_rank)
     status = "failed"
     try:
-        device = pick_device(cfg.train.device, local_rank)
-        init_process_group(device, rank, restart)
+        device = pick_device(cfg.train.device, local_rank, share_gpus=cfg.train.backend == "gloo")
+        check_backend(cfg, device.type)  # `auto` resolved only now
+        init_process_group(device, backend_for(cfg, device.type), rank, restart)
         dims = ParallelDims(cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp)
         t0 = time.perf_counter()
         dims.build_groups()
@@ -57,12 +61,11 @@ def worker_main(cfg_dict: dict[str, Any], threads: int) -> None:
             dist.destroy_process_group()
 
 
-def init_process_group(device: torch.device, rank: int, restart: int) -> None:
+def init_process_group(device: torch.device, backend: str, rank: int, restart: int) -> None:
     """The default group on the elastic agent's store, under a prefix of its own per attempt: the
     agent's TCPStore outlives a restart, and without the prefix the restarted ranks would read the
     dead attempt's addresses (gloo: 'connectFullMesh ... Connection refused')."""
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    device_id = device if device.type == "cuda" else None
+    device_id = device if backend == "nccl" else None  # binds NCCL's communicator to the rank's GPU
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         dist.init_process_group(backend, device_id=device_id)
         return
@@ -78,7 +81,7 @@ def _run(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank: int, lo
     # One-shot faults (crash, hang) fire in the first attempt only: the restarted group resumes
     # before their step and must not die there again (docs/robust-training.md).
     specs = [s for s in parse_specs(cfg.inject, dims.world_size) if restart == 0 or s.kind not in ONE_SHOT]
-    faults = Faults(specs, rank)
+    faults = Faults(specs, rank, device)
     tracer = _start_tracer(cfg, rank, device)
     try:
         hosts = _gather_hosts(dims)

@@ -68,3 +68,13 @@ def megatron_full_recompute_flops(model_cfg: ModelConfig, global_batch: int) -> 
     """Megatron's 96 B s l h^2 (1 + s/(6h) + V/(16 l h)): hardware FLOPs with full recomputation."""
     b, s, L, h, v = global_batch, model_cfg.seq_len, model_cfg.n_layers, model_cfg.hidden, model_cfg.vocab_size
     return 96.0 * b * s * L * h * h * (1 + s / (6 * h) + v / (16 * L * h))
+
+
+def parameter_count(cfg: ModelConfig) -> int:
+    """Parameters of `GPT(cfg)` (a tied head counted once), from the shape alone: the model need not
+    be built (a 2B model takes seconds to initialize)."""
+    h, f = cfg.hidden, cfg.hidden * cfg.ffn_mult
+    norms = 2 * h * (1 if cfg.parallel_block else 2)
+    block = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + norms
+    head = 0 if cfg.tie_embeddings else cfg.vocab_size * h
+    return cfg.vocab_size * h + cfg.seq_len * h + cfg.n_layers * block + 2 * h + head

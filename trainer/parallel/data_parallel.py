@@ -31,7 +31,7 @@ from torch import nn
 
 from megascope.tracer import comm
 from megascope.trainer.config import ParallelConfig, TrainConfig
-from megascope.trainer.optimizers import AdamW, ShardLayout, build_optimizer
+from megascope.trainer.optimizers import AdamW, ShardLayout, build_optimizer, pieces
 from megascope.trainer.parallel.grad_buckets import Bucket, ChunkBuffers
 from megascope.trainer.parallel.parallel_dims import ParallelDims
 
@@ -67,7 +67,7 @@ class DistributedOptimizer:
             train_cfg.optimizer, layout, (train_cfg.beta1, train_cfg.beta2), train_cfg.weight_decay,
             dp_group=self.dp_group if self.zero and dims.dp > 1 else None,
             tp_group=dims.groups.get("tp") if dims.tp > 1 else None,
-            before_dp_collective=before_dp_collective)
+            before_dp_collective=before_dp_collective, device=self.master.device)
         self._hooks = [s.param.register_post_accumulate_grad_hook(self._on_grad_ready) for s in self._slots.values()]
         self._hooks += self._register_prefetch_waits()
 
@@ -82,7 +82,7 @@ class DistributedOptimizer:
         ids, decay, norm = [], [], []
         offset = 0
         for chunk in self.chunks:
-            seg = torch.full((chunk.numel,), n_params, dtype=torch.int64)
+            seg = torch.full((chunk.numel,), n_params, dtype=torch.int32)
             dec = torch.zeros(chunk.numel)
             own = torch.zeros(chunk.numel, dtype=torch.bool)
             for s in chunk.slots:
@@ -105,7 +105,8 @@ class DistributedOptimizer:
                                 for c in self.chunks for s in c.slots], dtype=torch.bool)
         device = self.chunks[0].device
         self._norm_mask = torch.cat(norm).to(device)
-        return ShardLayout(torch.cat(ids), n_params, torch.cat(decay), sharded).to(device)
+        # The layout stays on the CPU: AdamW needs only its decay runs, LAMB moves it to the device.
+        return ShardLayout(torch.cat(ids), n_params, torch.cat(decay), sharded)
 
     # ---------------------------------------------------------------- backward side
 
@@ -208,7 +209,8 @@ class DistributedOptimizer:
     def _global_grad_norm(self) -> float:
         """sqrt of the sum of squares over every rank's shard, each element counted once: duplicates
         (norm_owner=False: tp-replicated params on tp ranks > 0, the second tied embedding) are left out."""
-        sq = (self._grad_shard * self._grad_shard * self._norm_mask).sum().reshape(1)
+        g, mask = self._grad_shard, self._norm_mask
+        sq = torch.stack([(g[p] * g[p] * mask[p]).sum() for p in pieces(g.numel())]).sum().reshape(1)
         comm.all_reduce(sq, self.dims.groups["world"], "world", name="grad_norm")
         return math.sqrt(sq.item())  # note: this is a CPU-GPU sync point (clipping needs the value)
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megascope.trainer.config import ConfigError, JobConfig, check_layout, micro_batches
+from megascope.trainer.modeling.compile import compile_blocks
 from megascope.trainer.modeling.model import GPT
 from megascope.trainer.modeling.recompute import apply_recompute
 from megascope.trainer.parallel.data_parallel import DistributedOptimizer
@@ -89,6 +90,8 @@ def parallelize(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults
     chunks = split_into_chunks(model, cfg.model.n_layers, dims.pp, dims.vpp, stage)
     del model
     apply_recompute(chunks, cfg.parallel.recompute)
+    if cfg.train.compile:
+        compile_blocks(chunks)
     tied = TiedEmbeddingSync(dims, rank, tied_embedding_weight(chunks))
     # 4. Data parallelism: ZeRO-2 buffers and buckets per chunk, so each chunk's reduce-scatter starts
     #    as soon as its last micro-batch's backward is done (overlapping the interleaved schedule).
@@ -101,8 +104,7 @@ def parallelize(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults
     executor = ScheduleExecutor(
         chunks, pipe, dims.pp, stage, n_micro,
         set_grad_sync=lambda chunk, last: optimizer.set_sync(last, chunk=chunk),
-        faults=faults, autocast=_autocast(cfg, device),
-        device_sync=torch.cuda.synchronize if device.type == "cuda" else None)
+        faults=faults, autocast=_autocast(cfg, device))
     return TrainState(cfg, dims, device, rank, chunks, optimizer, schedule, executor, pipe, tied,
                       faults, n_micro)
 

@@ -29,13 +29,11 @@ class ScheduleExecutor:
 
     def __init__(self, chunks: list, pipe: "PipeComm | None", pp: int, stage: int, n_micro: int,
                  set_grad_sync: Callable[[int, bool], None] | None = None,
-                 faults: Faults | None = None, autocast: Callable[[], ContextManager] | None = None,
-                 device_sync: Callable[[], None] | None = None) -> None:
+                 faults: Faults | None = None, autocast: Callable[[], ContextManager] | None = None) -> None:
         self.chunks, self.pipe, self.pp, self.stage, self.n_micro = chunks, pipe, pp, stage, n_micro
         self.set_grad_sync = set_grad_sync
         self.faults = faults
         self.autocast = autocast or contextlib.nullcontext
-        self.device_sync = device_sync
         self._saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
     def run(self, actions: list[Action], tokens: torch.Tensor | None,
@@ -116,7 +114,7 @@ class ScheduleExecutor:
     def _stretch(self) -> ContextManager:
         if self.faults is None:
             return contextlib.nullcontext()
-        return self.faults.compute(self.device_sync)
+        return self.faults.compute()
 
 
 def _set_microbatch(microbatch: int, chunk: int) -> None:

@@ -16,7 +16,9 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Iterator
+
+import torch
 
 
 class FaultSpecError(ValueError):
@@ -134,10 +136,11 @@ def parse_specs(texts: list[str], world_size: int) -> list[FaultSpec]:
 class Faults:
     """The faults that touch one rank, with the hooks the trainer calls. Empty = every hook is a no-op."""
 
-    def __init__(self, specs: list[FaultSpec], rank: int) -> None:
+    def __init__(self, specs: list[FaultSpec], rank: int, device: torch.device | None = None) -> None:
         self.rank = rank
         self.specs = [s for s in specs if rank in s.ranks]
         self.step = 0
+        self._gpu_delay = GpuDelay(device) if device is not None and device.type == "cuda" else None
 
     def at_step_start(self, step: int) -> None:
         self.step = step
@@ -151,20 +154,27 @@ class Faults:
                     time.sleep(3600)
 
     @contextlib.contextmanager
-    def compute(self, sync: Callable[[], None] | None = None) -> Iterator[None]:
-        """Stretch the enclosed compute by the straggler's slowdown with a proportional delay.
-        `sync` (torch.cuda.synchronize on GPU) makes the measured time the device time;
-        note: that is a CPU-GPU sync point, taken only on the injected rank."""
+    def compute(self) -> Iterator[None]:
+        """Stretch the enclosed compute by the straggler's slowdown, in proportion to its own time.
+        On a CPU rank the delay is a sleep; on a GPU rank it is extra matrix products on the rank's
+        stream (GpuDelay), so the GPU itself is slower, as a throttled or faulty GPU is, and the
+        CUDA-event spans time it. The GPU rank's region is timed between two synchronizations
+        (note: CPU-GPU sync points, taken only on the injected rank): without the first, the
+        previous delay still queued would count as compute and the slowdown would compound."""
         factor = max((s.params["slowdown"] for s in self.specs
                       if s.kind == "straggler" and s.active(self.step)), default=1.0)
         if factor == 1.0:
             yield
             return
+        if self._gpu_delay is not None:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         yield
-        if sync is not None:
-            sync()
-        time.sleep((factor - 1.0) * (time.perf_counter() - start))
+        if self._gpu_delay is not None:
+            torch.cuda.synchronize()
+            self._gpu_delay.run((factor - 1.0) * (time.perf_counter() - start))
+        else:
+            time.sleep((factor - 1.0) * (time.perf_counter() - start))
 
     def before_dp_collective(self) -> None:
         for s in self.specs:
@@ -179,3 +189,38 @@ class Faults:
             period = int(s.params["period_steps"])
             if (self.step // max(1, period // 2)) % 2 == 1:
                 time.sleep(s.params["down_ms"] / 1000.0)
+
+
+class GpuDelay:
+    """Keeps a GPU busy for about `seconds` with bf16 matrix products queued on the current stream
+    (the host does not wait for them). The time per product is measured once, with CUDA events, on
+    first use; on a GPU shared with other processes it is measured under their load."""
+
+    SIZE = 2048
+    """Products of SIZE x SIZE: ~17 GFLOP, tens of microseconds on a current GPU, so the delay is
+    finely divided yet each launch is well above launch overhead."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._a: torch.Tensor | None = None
+        self._out: torch.Tensor | None = None
+        self._seconds_per_product = 0.0
+
+    def run(self, seconds: float) -> None:
+        if self._a is None:
+            self._calibrate()
+        assert self._a is not None and self._out is not None
+        for _ in range(round(seconds / self._seconds_per_product)):
+            torch.mm(self._a, self._a, out=self._out)
+
+    def _calibrate(self, products: int = 20) -> None:
+        self._a = torch.randn(self.SIZE, self.SIZE, device=self.device, dtype=torch.bfloat16)
+        self._out = torch.empty_like(self._a)
+        torch.mm(self._a, self._a, out=self._out)  # warm-up: cuBLAS handle and kernel choice
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(products):
+            torch.mm(self._a, self._a, out=self._out)
+        end.record()
+        end.synchronize()  # note: CPU-GPU sync point, once, on the injected rank
+        self._seconds_per_product = start.elapsed_time(end) / 1e3 / products

@@ -31,8 +31,9 @@ def check_run_dir(run_dir: str, resume: bool) -> str | None:
     return None
 
 
-def check_device(device: str, ranks_per_node: int) -> str | None:
-    """One CUDA device per local rank when the ranks will use CUDA (--device cuda, or auto on a GPU node)."""
+def check_device(device: str, ranks_per_node: int, share_gpus: bool = False) -> str | None:
+    """One CUDA device per local rank when the ranks will use CUDA (--device cuda, or auto on a GPU node),
+    unless the ranks share GPUs (train.backend=gloo; NCCL refuses two ranks on one GPU)."""
     if device == "cpu":
         return None
     import torch
@@ -40,10 +41,11 @@ def check_device(device: str, ranks_per_node: int) -> str | None:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if device == "cuda" and gpus == 0:
         return "--device cuda: torch sees no CUDA device on this machine; use --device cpu (or auto)"
-    if gpus and gpus < ranks_per_node:
+    if gpus and gpus < ranks_per_node and not share_gpus:
         which = "--device cuda" if device == "cuda" else "--device auto picks CUDA here, and it"
         return (f"{which} needs one GPU per rank, but this node runs {ranks_per_node} ranks on {gpus} GPU(s); "
-                "use fewer ranks per node (--dp/--tp/--pp, --nnodes) or --device cpu")
+                "use fewer ranks per node (--dp/--tp/--pp, --nnodes), --device cpu, or --set train.backend=gloo "
+                "to share GPUs (data parallelism only)")
     return None
 
 

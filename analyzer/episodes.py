@@ -63,6 +63,29 @@ def cusum_stretches(z: Sequence[float], drift: float, clip: float, h: float) -> 
     return out
 
 
+def cusum_stretches_rows(z: np.ndarray, drift: float, clip: float, h: float) -> list[list[tuple[int, int]]]:
+    """cusum_stretches of each row of a (series, steps) array, all rows at once (one numpy step per
+    column instead of a Python step per value: 12,288 ranks x 1,000 steps took ~10 s one by one)."""
+    n_rows, n = z.shape
+    out: list[list[tuple[int, int]]] = [[] for _ in range(n_rows)]
+    s, peak = np.zeros(n_rows), np.zeros(n_rows)
+    start, peak_at = np.zeros(n_rows, dtype=np.int64), np.full(n_rows, -1, dtype=np.int64)
+    alarmed = np.zeros(n_rows, dtype=bool)
+    for i in range(n):
+        s = np.maximum(0.0, s + np.minimum(z[:, i], clip) - drift)
+        up = s > peak
+        peak[up], peak_at[up] = s[up], i
+        alarmed |= s >= h
+        zero = s == 0.0
+        if zero.any():
+            for r in np.flatnonzero(zero & alarmed):
+                out[r].append((int(start[r]), int(peak_at[r])))
+            start[zero], peak[zero], peak_at[zero], alarmed[zero] = i + 1, 0.0, -1, False
+    for r in np.flatnonzero(alarmed):
+        out[r].append((int(start[r]), int(peak_at[r])))
+    return out
+
+
 def change_point(z: np.ndarray, a: int, b: int, min_steps: int, clip: float = 3.0) -> int:
     """Where in z[:b+1] (scores in sigma) the level shifted, near a CUSUM stretch starting at `a`: the
     split k maximizing (mean after - mean before) x sqrt(k (n - k) / n) of the clipped scores, the

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -28,39 +29,214 @@ MEASURES = ("work_s", "forward_s", "own_s", "gap_s")
 gap_s = host gaps alone (launch delays)."""
 
 
-def rank_step_scores(store: Store, warmup_factor: float = 2.0) -> pd.DataFrame:
-    """rank, step, pp, dp, tp, host, step_time_s, the measures, their peer references (`ref_<m>`) and
-    scores (`x_<m>`), gap_p2p_s, gap_coll_s, tp_ratio; warm-up steps dropped."""
-    # numbers only from DuckDB (10^6 rows: Python strings per row would cost seconds); the host is a
-    # categorical taken from the topology
-    rs = store.query("""SELECT rank, step, pp, dp, tp, step_time_s, forward_s, backward_s,
-                               forward_s + backward_s AS work_s, own_s, gap_s, gap_p2p_s, gap_coll_s
-                        FROM rank_step WHERE step_time_s > 0""")
-    if rs.empty:
-        return rs.assign(host=pd.Series(dtype=object))
-    topo = store.topology.set_index("rank")["host"].astype("category")
-    rs.insert(5, "host", topo.reindex(rs["rank"].to_numpy()).to_numpy())
-    rs = rs[~rs.step.isin(warmup_steps(rs, warmup_factor))].reset_index(drop=True)
-    stage = group_ids(rs, ["step", "pp"])
+SCORE_COLUMNS = ("step_time_s", "forward_s", "work_s", "own_s", "gap_s", "gap_p2p_s")
+"""The rank_step columns the scores read (work_s = forward_s + backward_s)."""
+
+
+@dataclass
+class ScoreGrid:
+    """Rank-step scores as rank x step matrices (numpy, NaN where a rank has no row at a step), not a
+    DataFrame of rank-step rows: at 12,288 ranks x 1,000 steps a long frame of ~25 columns held 7.7 GB
+    and its groupbys took ~25 s; per-stage and per-group statistics here are reductions along an axis.
+
+    `values` holds the SCORE_COLUMNS, their peer references `ref_<m>` and scores `x_<m>` (MEASURES),
+    tp_ratio and x_replica_work_s. `frame(rows)` gives the long rows of a few ranks (the per-rank
+    analysis of candidates) in the columns the long frame had."""
+
+    ranks: np.ndarray
+    steps: np.ndarray
+    present: np.ndarray
+    """(ranks, steps) bool: the rank has a (non-warm-up) row at that step."""
+    pp: np.ndarray
+    dp: np.ndarray
+    tp: np.ndarray
+    host: np.ndarray
+    values: dict[str, np.ndarray]
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.values[name]
+
+    @property
+    def empty(self) -> bool:
+        return not self.present.any()
+
+    def members(self) -> pd.DataFrame:
+        """rank, pp, dp, tp of every rank with a row (merge_tp_groups' groups)."""
+        return pd.DataFrame({"rank": self.ranks, "pp": self.pp, "dp": self.dp, "tp": self.tp})
+
+    def per_rank_mean(self, flag: np.ndarray) -> np.ndarray:
+        """Per rank: the share of its rows where `flag` holds."""
+        return (flag & self.present).sum(axis=1) / self.present.sum(axis=1)
+
+    def frame(self, rows: np.ndarray, columns: list[str] | None = None) -> pd.DataFrame:
+        """The long rows (rank, step, pp, dp, tp, host, `columns` or all values) of the ranks at row
+        indices `rows`, ordered by rank and step."""
+        rows = np.asarray(rows, dtype=np.int64)
+        r, s = np.nonzero(self.present[rows])
+        ri = rows[r]
+        out = {"rank": self.ranks[ri], "step": self.steps[s], "pp": self.pp[ri], "dp": self.dp[ri],
+               "tp": self.tp[ri], "host": self.host[ri]}
+        for name in columns if columns is not None else self.values:
+            out[name] = self.values[name][ri, s]
+        return pd.DataFrame(out)
+
+
+def rank_step_scores(store: Store, warmup_factor: float = 2.0) -> ScoreGrid | None:
+    """The ScoreGrid of the run's rank_step rows (None: no step with time); warm-up steps dropped."""
+    grid = _fetch_grid(store)
+    if grid is None:
+        return None
+    keep = ~np.isin(grid.steps, warmup_from_medians(_column_medians(grid["step_time_s"], grid.present),
+                                                     grid.steps, warmup_factor))
+    if not keep.all():
+        grid.steps, grid.present = grid.steps[keep], grid.present[:, keep]
+        grid.values = {k: v[:, keep] for k, v in grid.values.items()}
+        alive = grid.present.any(axis=1)  # a rank with warm-up rows only is not in the scores
+        if not alive.all():
+            grid.ranks, grid.present = grid.ranks[alive], grid.present[alive]
+            grid.pp, grid.dp, grid.tp, grid.host = grid.pp[alive], grid.dp[alive], grid.tp[alive], grid.host[alive]
+            grid.values = {k: v[alive] for k, v in grid.values.items()}
+    if grid.empty:
+        return None
+    v = grid.values
+    stages = _row_groups(grid.pp)
     for m in MEASURES:
-        rs[f"ref_{m}"] = leave_one_out_median(rs, stage, m)
+        v[f"ref_{m}"] = loo_median_rows(v[m], grid.present, stages)
         with np.errstate(divide="ignore", invalid="ignore"):
-            rs[f"x_{m}"] = np.log(rs[m].clip(lower=1e-9) / rs[f"ref_{m}"].clip(lower=1e-9))
-    tp_ref = leave_one_out_median(rs, group_ids(rs, ["step", "pp", "dp"]), "work_s")
-    rs["tp_ratio"] = rs.work_s / tp_ref.where(tp_ref > 0)
-    rs["x_replica_work_s"] = replica_score(rs, "x_work_s")
-    return rs
+            v[f"x_{m}"] = np.log(np.clip(v[m], 1e-9, None) / np.clip(v[f"ref_{m}"], 1e-9, None))
+    tp_ref = loo_median_rows(v["work_s"], grid.present, _row_groups(grid.pp, grid.dp))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v["tp_ratio"] = v["work_s"] / np.where(tp_ref > 0, tp_ref, np.nan)
+    v["x_replica_work_s"] = replica_score(grid, "x_work_s")
+    return grid
 
 
-def replica_score(rs: pd.DataFrame, column: str) -> pd.Series:
+def _fetch_grid(store: Store) -> ScoreGrid | None:
+    """rank_step's score columns, streamed in record batches into rank x step matrices (never a long
+    frame of all rows)."""
+    where = "FROM rank_step WHERE step_time_s > 0"
+    ids = store.query(f"SELECT rank, any_value(pp) AS pp, any_value(dp) AS dp, any_value(tp) AS tp {where} "
+                      "GROUP BY rank ORDER BY rank")
+    if ids.empty:
+        return None
+    steps = store.query(f"SELECT DISTINCT step {where} ORDER BY step").step.to_numpy(dtype=np.int64)
+    ranks = ids["rank"].to_numpy(dtype=np.int64)
+    shape = (len(ranks), len(steps))
+    hosts = store.topology.set_index("rank")["host"]
+    grid = ScoreGrid(ranks, steps, np.zeros(shape, dtype=bool), ids.pp.to_numpy(dtype=np.int64),
+                     ids.dp.to_numpy(dtype=np.int64), ids.tp.to_numpy(dtype=np.int64),
+                     hosts.reindex(ranks).to_numpy(), {})
+
+    def fill() -> None:
+        grid.present[:] = False
+        grid.values = {c: np.full(shape, np.nan) for c in SCORE_COLUMNS}
+        sql = f"SELECT rank, step, {', '.join(c for c in SCORE_COLUMNS if c != 'work_s')}, " \
+              f"forward_s + backward_s AS work_s {where}"
+        reader = store.con.sql(sql).to_arrow_reader(1 << 20)
+        for batch in reader:
+            r = np.searchsorted(ranks, batch.column("rank").to_numpy())
+            s = np.searchsorted(steps, batch.column("step").to_numpy())
+            grid.present[r, s] = True
+            for c in SCORE_COLUMNS:
+                grid.values[c][r, s] = batch.column(c).to_numpy(zero_copy_only=False)
+    store.run_with_retry(fill)
+    return grid
+
+
+def _column_medians(m: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Per step (column): the median over the ranks with a row."""
+    if present.all():
+        return np.median(m, axis=0)
+    out = np.full(m.shape[1], np.nan)
+    for j in np.flatnonzero(present.any(axis=0)):
+        out[j] = np.median(m[present[:, j], j])
+    return out
+
+
+def _row_groups(*keys: np.ndarray) -> list[np.ndarray]:
+    """Row indices of each distinct combination of per-rank keys (e.g. the ranks of each stage)."""
+    _, gid = np.unique(np.stack(keys, axis=1), axis=0, return_inverse=True)
+    gid = gid.ravel()
+    order = np.argsort(gid, kind="stable")
+    return np.split(order, np.flatnonzero(np.diff(gid[order])) + 1)
+
+
+def loo_median_rows(m: np.ndarray, present: np.ndarray, groups: list[np.ndarray], small: int = 16) -> np.ndarray:
+    """leave_one_out_median for rank x step matrices: per step, the median of `m` over the other rows of
+    each row's group (row index arrays); same rules (NaN alone, the group median beyond `small`)."""
+    out = np.full(m.shape, np.nan)
+    by_size: dict[int, list[np.ndarray]] = {}
+    for g in groups:
+        by_size.setdefault(len(g), []).append(g)
+    for k, gs in by_size.items():
+        idx = np.stack(gs)                     # (groups, k)
+        vals, here = m[idx], present[idx]      # (groups, k, steps)
+        if not here.all() or np.isnan(vals).any():
+            # absent rows (partial traces): the long form, which counts each group's rows per step
+            g, j, s = np.nonzero(here)
+            res = leave_one_out_median_ids(g * m.shape[1] + s, vals[g, j, s], small)
+            out[idx[g, j], s] = res
+        elif k > small:
+            out[idx] = np.median(vals, axis=1)[:, None, :]
+        elif k > 1:
+            out[idx] = _loo_sorted(vals)
+    return out
+
+
+def _loo_sorted(vals: np.ndarray) -> np.ndarray:
+    """Leave-one-out medians along axis 1 of a (groups, k, steps) array without NaN: the median of the
+    sorted values with the member's own position skipped (_loo_small's rule)."""
+    k = vals.shape[1]
+    order = np.argsort(vals, axis=1, kind="stable")
+    srt = np.take_along_axis(vals, order, axis=1)
+    pos = np.empty_like(order)
+    np.put_along_axis(pos, order, np.arange(k)[None, :, None], axis=1)
+    m = k - 1
+    lo, hi = (m - 1) // 2, m // 2
+
+    def remaining(j: int) -> np.ndarray:  # j-th smallest of the others
+        return np.take_along_axis(srt, j + (j >= pos), axis=1)
+
+    return (remaining(lo) + remaining(hi)) / 2
+
+
+def replica_score(grid: ScoreGrid, column: str) -> np.ndarray:
     """Per rank-step: the median over the same data-parallel replica's OTHER stages of their mean score
     (NaN with one stage). Those ranks compute the same micro-batches: when the replica drew long
     sequences they are slow at the same steps, while a slow GPU slows only its own stage."""
-    stage = rs.groupby(["step", "dp", "pp"], sort=False)[column].mean().reset_index()
-    stage["other"] = leave_one_out_median(stage, ["step", "dp"], column).to_numpy()
-    key = pd.MultiIndex.from_frame(stage[["step", "dp", "pp"]])
-    lookup = pd.Series(stage["other"].to_numpy(), index=key)
-    return pd.Series(lookup.reindex(pd.MultiIndex.from_frame(rs[["step", "dp", "pp"]])).to_numpy(), index=rs.index)
+    blocks = _row_groups(grid.dp, grid.pp)     # (dp, pp) blocks, in (dp, pp) order
+    keys = np.array([(grid.dp[b[0]], grid.pp[b[0]]) for b in blocks])
+    x, here = grid[column], grid.present
+    n_steps = x.shape[1]
+    mean = np.full((len(blocks), n_steps), np.nan)
+    has = np.zeros((len(blocks), n_steps), dtype=bool)
+    for i, b in enumerate(blocks):
+        mean[i], has[i] = _kahan_mean(x[b], here[b])
+    # the blocks of each replica are the members of its groups: the same leave-one-out rule
+    replicas = _row_groups(keys[:, 0])
+    other = loo_median_rows(mean, has, replicas)
+    out = np.full(x.shape, np.nan)
+    for i, b in enumerate(blocks):
+        out[b] = np.where(here[b], other[i], np.nan)
+    return out
+
+
+def _kahan_mean(vals: np.ndarray, here: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per column: the mean of the non-NaN values of present rows, summed as pandas' groupby mean sums
+    (compensated, row by row); NaN where none. Also whether any row is present (the group exists)."""
+    total = np.zeros(vals.shape[1])
+    comp = np.zeros(vals.shape[1])
+    count = np.zeros(vals.shape[1])
+    for row, h in zip(vals, here):
+        ok = h & ~np.isnan(row)
+        y = np.where(ok, row, 0.0) - np.where(ok, comp, 0.0)
+        t = total + y
+        comp = np.where(ok, t - total - y, comp)
+        comp = np.where(np.isnan(comp), 0.0, comp)
+        total = np.where(ok, t, total)
+        count += ok
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(count > 0, total / count, np.nan), here.any(axis=0)
 
 
 def group_ids(df: pd.DataFrame, keys: list[str]) -> np.ndarray:
@@ -72,10 +248,15 @@ def group_ids(df: pd.DataFrame, keys: list[str]) -> np.ndarray:
 def warmup_steps(rs: pd.DataFrame, factor: float) -> list[int]:
     """Leading steps whose median step time exceeds `factor` x the run's median step time."""
     per_step = rs.groupby("step").step_time_s.median().sort_index()
-    typical = float(per_step.median())
+    return warmup_from_medians(per_step.to_numpy(), per_step.index.to_numpy(), factor)
+
+
+def warmup_from_medians(medians: np.ndarray, steps: np.ndarray, factor: float) -> list[int]:
+    """warmup_steps from the per-step median step times (steps ascending)."""
+    typical = float(np.median(medians))
     out: list[int] = []
-    for step, value in per_step.items():
-        if value <= factor * typical or len(out) >= len(per_step) // 4:
+    for step, value in zip(steps, medians):
+        if value <= factor * typical or len(out) >= len(medians) // 4:
             break
         out.append(int(step))
     return out
@@ -108,7 +289,11 @@ def leave_one_out_median(df: pd.DataFrame, groups: np.ndarray | list[str], col: 
     group ids (group_ids) or key columns. Groups larger than `small` use the group median: one member
     moves it by less than the noise."""
     gid = group_ids(df, groups) if isinstance(groups, list) else np.asarray(groups)
-    values = df[col].to_numpy(dtype=float)
+    return pd.Series(leave_one_out_median_ids(gid, df[col].to_numpy(dtype=float), small), index=df.index)
+
+
+def leave_one_out_median_ids(gid: np.ndarray, values: np.ndarray, small: int = 16) -> np.ndarray:
+    """leave_one_out_median on arrays: group ids and values."""
     by = pd.Series(values).groupby(gid, sort=False)
     size = by.transform("size").to_numpy()
     out = by.transform("median").to_numpy(dtype=float).copy()
@@ -116,7 +301,7 @@ def leave_one_out_median(df: pd.DataFrame, groups: np.ndarray | list[str], col: 
     sel = np.flatnonzero((size > 1) & (size <= small))
     if len(sel):
         out[sel] = _loo_small(gid[sel], values[sel], small)
-    return pd.Series(out, index=df.index)
+    return out
 
 
 def _loo_small(gid: np.ndarray, values: np.ndarray, width: int) -> np.ndarray:
@@ -139,3 +324,19 @@ def _loo_small(gid: np.ndarray, values: np.ndarray, width: int) -> np.ndarray:
     out = np.empty(len(order))
     out[order] = (remaining(lo) + remaining(hi)) / 2
     return out
+
+
+def noise_sigma_grid(grid: ScoreGrid, values: np.ndarray, floor: float = 0.003) -> float:
+    """noise_sigma per rank of a rank x step matrix of scores (the same statistic): with every rank
+    scored at every step, the differences and medians are reductions along the step axis."""
+    ok = grid.present & ~np.isnan(values)
+    if not ok.all():
+        r, s = np.nonzero(ok)
+        long = pd.DataFrame({"rank": grid.ranks[r], "step": grid.steps[s], "v": values[r, s]})
+        return noise_sigma(long, "v", floor=floor)
+    if values.shape[1] < 3:  # a rank needs two differences
+        return floor
+    d = np.diff(values, axis=1)
+    dev = np.abs(d - np.median(d, axis=1)[:, None])
+    per_key = 1.4826 * np.median(dev, axis=1) / math.sqrt(2)
+    return max(floor, float(np.median(per_key)))

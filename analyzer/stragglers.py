@@ -23,15 +23,22 @@ with persistence over steps, the rank's own history before the onset, and an ons
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from megascope.analyzer.episodes import binomial_tail, change_point, cusum_stretches, persistent_runs
+from megascope.analyzer.episodes import (
+    binomial_tail,
+    change_point,
+    cusum_stretches,
+    cusum_stretches_rows,
+    persistent_runs,
+)
 from megascope.analyzer.finding_merge import merge_hosts, merge_tp_groups
 from megascope.analyzer.findings import Finding, hosts_of
-from megascope.analyzer.peer_stats import noise_sigma, rank_step_scores
+from megascope.analyzer.peer_stats import ScoreGrid, noise_sigma, noise_sigma_grid, rank_step_scores
 from megascope.analyzer.store import Store
 
 ONSET_SHARE = 0.6
@@ -105,19 +112,19 @@ class StragglerDetector:
         self.cfg = config or StragglerConfig()
 
     def detect(self, store: Store) -> list[Finding]:
-        scores = rank_step_scores(store)
-        if scores.empty:
+        grid = rank_step_scores(store)
+        if grid is None:
             return []
-        self._trials = max(1, scores["rank"].nunique() * scores.step.nunique())
-        sigma = noise_sigma(scores, "x_work_s")
-        slow = self._slow_compute(store, scores, sigma)
-        late = self._late_launch(store, scores, sigma, {f.ranks[0] for f in slow})
-        findings = merge_tp_groups(merge_hosts(slow + late, store.topology), scores)
-        return findings + self._imbalance(store, scores, sigma)
+        self._trials = max(1, len(grid.ranks) * len(grid.steps))
+        sigma = noise_sigma_grid(grid, grid["x_work_s"])
+        slow = self._slow_compute(store, grid, sigma)
+        late = self._late_launch(store, grid, sigma, {f.ranks[0] for f in slow})
+        findings = merge_tp_groups(merge_hosts(slow + late, store.topology), grid.members())
+        return findings + self._imbalance(store, grid, sigma)
 
-    def null_rate(self, scores: pd.DataFrame, flag: pd.Series) -> float:
+    def null_rate(self, grid: ScoreGrid, flag: np.ndarray) -> float:
         """The run's own rate of flagged rank-steps: the median over ranks (the culprits do not move it)."""
-        return max(self.cfg.min_null_rate, float(flag.groupby(scores["rank"]).mean().median()))
+        return max(self.cfg.min_null_rate, float(np.median(grid.per_rank_mean(flag))))
 
     def by_chance(self, k: int, n: int, rate: float) -> bool:
         """Could k flagged steps among n arise by chance somewhere in this run (cfg.chance_alpha)?"""
@@ -221,24 +228,30 @@ class StragglerDetector:
             return None  # it had a history and did not shift; or too small to call without one
         return first
 
-    def _candidates(self, scores: pd.DataFrame, flag: pd.Series, min_count: int) -> pd.DataFrame:
-        """Rows of the ranks with at least `min_count` flagged steps: the per-rank analysis (onset,
-        history) only runs for those, which keeps 10^4-rank runs fast."""
-        counts = flag.groupby(scores["rank"]).sum()
-        return scores[scores["rank"].isin(counts.index[counts >= min_count])]
+    def _candidates(self, grid: ScoreGrid, flag: np.ndarray, min_count: int,
+                    chunk: int = 512) -> Iterator[tuple[int, pd.DataFrame]]:
+        """(rank, rows) of the ranks with at least `min_count` flagged steps, in rank order: the per-rank
+        analysis (onset, history) only runs for those, which keeps 10^4-rank runs fast. Long rows are
+        made `chunk` ranks at a time (a long run can make most ranks candidates)."""
+        idx = np.flatnonzero((flag & grid.present).sum(axis=1) >= min_count)
+        for i in range(0, len(idx), chunk):
+            yield from grid.frame(idx[i:i + chunk]).groupby("rank")
 
-    def _slow_compute(self, store: Store, scores: pd.DataFrame, sigma: float) -> list[Finding]:
+    def _slow_compute(self, store: Store, grid: ScoreGrid, sigma: float) -> list[Finding]:
         cfg = self.cfg
         episodes: dict[int, Episode] = {}
-        flag = scores.x_work_s >= max(math.log(cfg.min_ratio), min(cfg.z_flag * sigma, math.log(cfg.gross_ratio)))
-        rate = self.null_rate(scores, flag)
-        gross_rate = self.null_rate(scores, scores.x_work_s >= math.log(cfg.gross_ratio))
-        for rank, rows in self._candidates(scores, flag, cfg.persist_steps).groupby("rank"):
+        x = grid["x_work_s"]
+        with np.errstate(invalid="ignore"):
+            flag = x >= max(math.log(cfg.min_ratio), min(cfg.z_flag * sigma, math.log(cfg.gross_ratio)))
+            gross = x >= math.log(cfg.gross_ratio)
+        rate = self.null_rate(grid, flag)
+        gross_rate = self.null_rate(grid, gross)
+        for rank, rows in self._candidates(grid, flag, cfg.persist_steps):
             ep = self.episode(rows, "work_s", sigma, max_gap=cfg.max_gap, min_count=cfg.persist_steps,
                               null_rate=rate, gross_rate=gross_rate)
             if ep is not None and self._own_slowdown(ep):
                 episodes[int(rank)] = ep
-        for rank, ep in self._sustained(scores, sigma, set(episodes)).items():
+        for rank, ep in self._sustained(grid, sigma, set(episodes)).items():
             if self._own_slowdown(ep):
                 episodes[rank] = ep
         return [self._straggler(store, rank, ep, sigma) for rank, ep in sorted(episodes.items())]
@@ -254,35 +267,55 @@ class StragglerDetector:
         replica = float(ep.rows.x_replica_work_s.median()) if "x_replica_work_s" in ep.rows else float("nan")
         return not replica >= self.cfg.replica_share * level  # NaN (no other stage traced): no veto
 
-    def _sustained(self, scores: pd.DataFrame, sigma: float, skip: set[int]) -> dict[int, Episode]:
+    def _sustained(self, grid: ScoreGrid, sigma: float, skip: set[int]) -> dict[int, Episode]:
         """Shifts too small for per-step flags under heavy noise but held for long (issue 13 case 2): a
         one-sided CUSUM of each rank's score (in sigma, clipped) proposes a stretch; the evidence of the
         whole stretch decides (_sustained_episode). Slow from the first step is the per-step test's."""
         cfg = self.cfg
-        grid = scores.pivot_table(index="rank", columns="step", values="x_work_s")
-        z = (grid / sigma).to_numpy()
+        x_all = grid["x_work_s"]
+        scored = ~np.isnan(x_all)
+        # the screen runs on the steps and ranks with any score (a pivot of the scores), all ranks at once
+        rows_ok, cols_ok = scored.any(axis=1), scored.any(axis=0)
+        z = x_all[rows_ok][:, cols_ok] / sigma
         cusum = np.zeros(len(z))
         peak = np.zeros(len(z))
-        for col in np.nan_to_num(np.minimum(z, cfg.cusum_clip), nan=0.0).T:  # all ranks at once
+        for col in np.nan_to_num(np.minimum(z, cfg.cusum_clip), nan=0.0).T:
             cusum = np.maximum(0.0, cusum + col - cfg.cusum_drift)
             peak = np.maximum(peak, cusum)
+        del z
+        alarmed = [int(i) for i, r in zip(np.flatnonzero(rows_ok)[peak >= cfg.cusum_h],
+                                          grid.ranks[rows_ok][peak >= cfg.cusum_h]) if int(r) not in skip]
+        # each alarmed rank's own series (its steps with a row); the CUSUM stretches of the ranks with a
+        # row at every step together (12,288 ranks x 1,000 steps: a Python loop per rank-step took ~10 s)
+        dense = [i for i in alarmed if grid.present[i].all()]
+        series_of: dict[int, np.ndarray] = {}
+        stretches: dict[int, list[tuple[int, int]]] = {}
+        if dense:
+            xs = x_all[dense]
+            zs = np.nan_to_num(xs / sigma, nan=0.0)
+            for i, row_x, row_z, found in zip(dense, xs, zs, cusum_stretches_rows(zs, cfg.cusum_drift,
+                                                                                   cfg.cusum_clip, cfg.cusum_h)):
+                series_of[i], stretches[i] = row_x, found
         out = {}
-        alarmed = [int(r) for r in grid.index[peak >= cfg.cusum_h] if int(r) not in skip]
-        # one sort and one pass, not one per rank: on the 12,288-rank benchmark 4,706 ranks alarm
-        alarmed_rows = scores[scores["rank"].isin(alarmed)].sort_values(["rank", "step"])
-        for rank, rows in alarmed_rows.groupby("rank", sort=False):
-            rows = rows.reset_index(drop=True)
-            x = rows.x_work_s.to_numpy(dtype=float)
+        for i in alarmed:
+            if i in series_of:
+                x = series_of[i]
+            else:
+                x = x_all[i, grid.present[i]]
             series = np.nan_to_num(x / sigma, nan=0.0)
-            for a, b in cusum_stretches(series, cfg.cusum_drift, cfg.cusum_clip, cfg.cusum_h):
-                ep = self._sustained_episode(rows, x, change_point(series, a, b, cfg.sustained_min_steps), b, sigma)
+            found = stretches[i] if i in stretches else cusum_stretches(series, cfg.cusum_drift, cfg.cusum_clip,
+                                                                        cfg.cusum_h)
+            for a, b in found:
+                ep = self._sustained_episode(lambda i=i: grid.frame(np.array([i])), x,
+                                             change_point(series, a, b, cfg.sustained_min_steps), b, sigma)
                 if ep is not None:
-                    out[int(rank)] = ep
+                    out[int(grid.ranks[i])] = ep
                     break
         return out
 
-    def _sustained_episode(self, rows: pd.DataFrame, x: np.ndarray, a: int, b: int, sigma: float) -> Episode | None:
-        """The stretch [a, b] of the rank's steps (`rows`, sorted; `x` their x_work_s) against the
+    def _sustained_episode(self, rows_of: Callable[[], pd.DataFrame], x: np.ndarray, a: int, b: int,
+                           sigma: float) -> Episode | None:
+        """The stretch [a, b] of the rank's steps (`rows_of()`: its rows, sorted; `x` their x_work_s) against the
         rank's own steps before it: the medians' difference must exceed `sustained_se` standard errors
         (1.2533 sigma / sqrt(steps) per median: the noise of a window's median shrinks with its length),
         and the rank must be above its former level on more steps than chance allows (a sign test: no
@@ -298,7 +331,7 @@ class StragglerDetector:
         stderr = 1.2533 * sigma * math.sqrt(1 / n + 1 / m)
         if level < math.log(cfg.min_ratio) or level - base < max(math.log(cfg.min_ratio), cfg.sustained_se * stderr):
             return None
-        sel = rows.iloc[idx]
+        sel = rows_of().iloc[idx]
         if float((sel.work_s - sel.ref_work_s).median()) < cfg.min_excess_frac * float(sel.step_time_s.median()):
             return None
         above = int((x[idx] > base).sum())
@@ -323,24 +356,28 @@ class StragglerDetector:
                       "robust_z": round(ep.level / sigma, 2), "noise_sigma": round(sigma, 4),
                       "flagged_steps": len(ep.rows), "episodes": [list(r[:2]) for r in ep.runs]})
 
-    def _late_launch(self, store: Store, scores: pd.DataFrame, sigma: float, stragglers: set[int]) -> list[Finding]:
+    def _late_launch(self, store: Store, grid: ScoreGrid, sigma: float, stragglers: set[int]) -> list[Finding]:
         cfg = self.cfg
         out = []
-        own_sigma = noise_sigma(scores, "x_own_s")
-        gap_sigma = noise_sigma(scores.assign(g=scores.gap_s - scores.ref_gap_s), "g", floor=1e-5)
+        x_own, gap = grid["x_own_s"], grid["gap_s"] - grid["ref_gap_s"]
+        own_sigma = noise_sigma_grid(grid, x_own)
+        gap_sigma = noise_sigma_grid(grid, gap, floor=1e-5)
         own_min = max(math.log(cfg.min_ratio), min(cfg.z_late * own_sigma, math.log(cfg.gross_ratio)))
         gap_min = max(cfg.min_gap_s, cfg.z_gap * gap_sigma)
-        own_flag = scores.x_own_s >= own_min
-        gap_flag = scores.gap_s - scores.ref_gap_s >= gap_min
+        with np.errstate(invalid="ignore"):
+            own_flag = x_own >= own_min
+            gap_flag = gap >= gap_min
+            own_gross = x_own >= math.log(cfg.gross_ratio)
+        del gap
         flag = own_flag | gap_flag
         # chance tests at the run's own flag rates: host pauses on every rank (GC recorded as host spans,
         # counted in gaps since the independent suite's late_launch_recorded_gc cases) put a few flags on
         # any rank; 3 of 8 steps at a 5% rate is chance among 800 rank-steps (tuned seeds 0-1 of
         # benchmarks/accuracy_independent.py: 2 false late_launch findings of ~2-6 ms "every 2-9 steps"
         # without this test, 0 with it; the recorded pauses found on all 4 runs)
-        own_rate, gap_rate = self.null_rate(scores, own_flag), self.null_rate(scores, gap_flag)
-        gross_rate = self.null_rate(scores, scores.x_own_s >= math.log(cfg.gross_ratio))
-        for rank, rows in self._candidates(scores, flag, cfg.late_min_count).groupby("rank"):
+        own_rate, gap_rate = self.null_rate(grid, own_flag), self.null_rate(grid, gap_flag)
+        gross_rate = self.null_rate(grid, own_gross)
+        for rank, rows in self._candidates(grid, flag, cfg.late_min_count):
             if rank in stragglers:
                 continue
             # own time (pauses inside backward hooks and the optimizer, before their collectives) or,
@@ -378,9 +415,9 @@ class StragglerDetector:
                           "level": round(ep.level, 4)}))
         return out
 
-    def _imbalance(self, store: Store, scores: pd.DataFrame, sigma: float) -> list[Finding]:
+    def _imbalance(self, store: Store, grid: ScoreGrid, sigma: float) -> list[Finding]:
         cfg = self.cfg
-        bal = stage_balance(scores)
+        bal = stage_balance(grid)
         if bal.empty:
             return []
         threshold = max(math.log(cfg.imbalance_ratio), cfg.z_imbalance * noise_sigma(bal, "y", key="pp"))
@@ -406,17 +443,30 @@ class StragglerDetector:
         return out
 
 
-def stage_balance(scores: pd.DataFrame) -> pd.DataFrame:
+def stage_balance(grid: ScoreGrid) -> pd.DataFrame:
     """Per step and stage: y = log(the stage's low-quartile rank work / the other stages' median work)."""
-    if scores.pp.nunique() < 2:
+    stages = np.unique(grid.pp)
+    if len(stages) < 2:
         return pd.DataFrame(columns=["step", "pp", "y", "stage_work_s"])
-    g = scores.groupby(["step", "pp"]).work_s
-    stage = pd.DataFrame({"low": g.quantile(0.25, interpolation="lower"), "med": g.median()}).reset_index()
+    work, here = grid["work_s"], grid.present
+    n_steps = len(grid.steps)
+    low, med = np.full((len(stages), n_steps), np.nan), np.full((len(stages), n_steps), np.nan)
+    for i, p in enumerate(stages):
+        w, h = work[grid.pp == p], here[grid.pp == p]
+        if h.all():
+            low[i] = np.quantile(w, 0.25, axis=0, method="lower")
+            med[i] = np.median(w, axis=0)
+        else:
+            for j in np.flatnonzero(h.any(axis=0)):
+                col = w[h[:, j], j]
+                low[i, j], med[i, j] = np.quantile(col, 0.25, method="lower"), np.median(col)
     rows = []
-    for step, st in stage.groupby("step"):
-        for r in st.itertuples():
-            others = st.med[st.pp != r.pp]
-            rows.append((int(step), int(r.pp), math.log(max(r.low, 1e-9) / max(float(others.median()), 1e-9)), r.med))
+    exists = ~np.isnan(med)
+    for j, step in enumerate(grid.steps):
+        for i in np.flatnonzero(exists[:, j]):
+            others = med[exists[:, j] & (np.arange(len(stages)) != i), j]
+            ref = float(np.median(others)) if len(others) else float("nan")
+            rows.append((int(step), int(stages[i]), math.log(max(low[i, j], 1e-9) / max(ref, 1e-9)), med[i, j]))
     return pd.DataFrame(rows, columns=["step", "pp", "y", "stage_work_s"])
 
 

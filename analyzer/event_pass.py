@@ -41,7 +41,7 @@ TIMELINE_ALWAYS_RANKS = 2048
 SAMPLE_RANKS = 32
 
 SQL_FILES = ("event_pass_flat", "flat_peer_step", "flat_partials", "collectives", "arrivals", "incomplete",
-             "rank_step_summary", "edge_rank_step")
+             "rank_step_summary", "edge_rank_step", "edge_collectives")
 """The analyzer's macro library (analyzer/sql/), in definition order (a macro may call those before
 it), defined after the macros the ranks run on their own events too (tracer/sql/, EDGE_SQL)."""
 BATCH_TABLES = ("_batch_rank_step", "_batch_peer_step", "_batch_partials")
@@ -247,51 +247,74 @@ def build_event_pass(store: Store, progress: Progress | None = None, engine: Eng
     damaged segments go to `rank_step_incomplete` instead (drop_incomplete). A run whose ranks wrote
     summaries at the edge for every rank-step (edge_summaries_cover) is read from those instead.
     Returns whether the rows are the timeline variant's (the edge summaries' are)."""
-    timeline = True
-    if edge_summaries_cover(store):  # nothing to spread over an engine then
+    timeline, covered = True, False
+    if _edge_readable(store):  # nothing to spread over an engine then
         if progress is not None:
             progress("reading the ranks' summaries", 0, 1)
-        define_sql(store)
-        base = run_start_ns(store)
-        from_edge_summaries(store, base)
+        covered = from_edge_summaries(store, run_start_ns(store))
         if progress is not None:
             progress("reading the ranks' summaries", 1, 1)
-    else:
+    if not covered:
         plan = plan_pass(store)
-        base, timeline = plan.base, plan.timeline
+        timeline = plan.timeline
         run_batches(store, plan, EVENT_PASS_TABLES, engine, progress)
-    collective_instances(store, "_collective_partials", "collective_instances", base)
-    store.execute("DROP TABLE _collective_partials")
+        collective_instances(store, "_collective_partials", "collective_instances", plan.base)
+        store.execute("DROP TABLE _collective_partials")
     drop_incomplete(store, "rank_step", "_rank_peer_step", "collective_instances")
     return timeline
+
+
+def _edge_readable(store: Store) -> bool:
+    """The run has edge summaries, no segment was found damaged, and no rank restarted (a repeated
+    step is summarized by each attempt)."""
+    return bool(store.files["edge_rank_step"]) and not store.damaged and not store.attempt_bounds
+
+
+def _summarized_ranks(store: Store) -> int:
+    """Ranks whose summaries must be there: those with a steps segment (its folder; no file is read)."""
+    return len({os.path.basename(os.path.dirname(f)) for f in store.files["steps"]})
 
 
 def edge_summaries_cover(store: Store) -> bool:
     """Whether the ranks' own summaries (tracer/edge_summary.py) can stand for the run's events: every
     rank with a steps segment wrote its last summary (a `final` edge_rank_step row: at close, with every
-    steps row it wrote summarized), no segment was found damaged, and no rank restarted (a repeated
-    step is summarized by each attempt). Runs the tracer did not write (simulated, imported), a rank
-    killed before close and a rank whose summaries stopped have no final row. The steps table itself is
-    not read: on a 12,288-rank run its 37k-86k files took 10-14 s to join."""
-    if not store.files["edge_rank_step"] or store.damaged or store.attempt_bounds:
+    steps row it wrote summarized), no segment was found damaged, and no rank restarted. Runs the tracer
+    did not write (simulated, imported), a rank killed before close and a rank whose summaries stopped
+    have no final row. The steps table itself is not read: on a 12,288-rank run its 37k-86k files took
+    10-14 s to join. (build_event_pass makes the same check on the rank_step rows it read, not here:
+    a second scan of edge_rank_step's files was 3 s of the 12,288 x 1,000 pass.)"""
+    if not _edge_readable(store):
         return False
-    ranks = {os.path.basename(os.path.dirname(f)) for f in store.files["steps"]}
     done = store.query("SELECT count(DISTINCT rank) AS n FROM edge_rank_step WHERE final").n.iloc[0]
-    return int(done) == len(ranks) > 0
+    return int(done) == _summarized_ranks(store) > 0
 
 
-def from_edge_summaries(store: Store, base: int) -> None:
-    """The event pass's three tables from the edge summaries: rank_step (joined to the topology),
-    _rank_peer_step as written, and _collective_partials merged from the ranks' collective rows by
-    the flat pass's own macro (each row one member: role 6, a collective)."""
+def from_edge_summaries(store: Store, base: int) -> bool:
+    """The event pass's tables from the edge summaries, when they cover the run (edge_summaries_cover,
+    checked on the rank_step rows read here: one scan of edge_rank_step): rank_step (joined to the
+    topology), _rank_peer_step a view of edge_peer_step (its rows as written; the two p2p analyses
+    that read it take a few columns of the p2p rows, and a table of its 34 M rows at 12,288 x 1,000
+    took 10-16 s to copy and 3.8 GB, past the memory limit), and collective_instances aggregated in
+    one pass from the ranks' collective rows (edge_collectives.sql: the values of the flat pass's
+    partials merged by collectives.sql). Returns False, leaving no table, when they do not cover it
+    (or a damaged segment was found in them: the raw events are the truth then)."""
+    define_sql(store)
     store.execute("CREATE OR REPLACE TEMP TABLE rank_step AS FROM rank_step_of_edge('edge_rank_step')")
-    store.execute("CREATE OR REPLACE TEMP TABLE _rank_peer_step AS SELECT "
+    done = store.query("SELECT count(DISTINCT rank) AS n FROM rank_step WHERE final").n.iloc[0]
+    if not (_edge_readable(store) and int(done) == _summarized_ranks(store) > 0):
+        store.execute("DROP TABLE rank_step")
+        return False
+    store.execute("ALTER TABLE rank_step DROP COLUMN final")  # rank_step.sql's columns (instant)
+    store.execute("CREATE OR REPLACE TEMP VIEW _rank_peer_step AS SELECT "
                   + ", ".join(f'"{c}"' for c in PEER_STEP_COLUMNS) + " FROM edge_peer_step")
-    store.execute("CREATE OR REPLACE TEMP VIEW _edge_coded AS SELECT *, 6::UTINYINT AS role FROM edge_collectives")
-    store.execute("CREATE OR REPLACE TEMP TABLE _collective_partials AS "
-                  "FROM flat_partials('_edge_coded', $base, $dp, $tp, $cp, $renumber)",
+    store.execute("CREATE OR REPLACE TEMP TABLE collective_instances AS "
+                  "FROM collective_instances_of_members('edge_collectives', $base, $dp, $tp, $cp, $renumber)",
                   {"base": int(base), **LayoutParams.of(store).params()})
-    store.execute("DROP VIEW _edge_coded")
+    if store.damaged:  # found in edge_collectives: a member's rows are missing
+        for name, kind in (("rank_step", "TABLE"), ("_rank_peer_step", "VIEW"), ("collective_instances", "TABLE")):
+            store.execute(f"DROP {kind} {_table(name)}")
+        return False
+    return True
 
 
 def collective_instances(store: Store, partials: str, out: str, base: int) -> None:

@@ -83,10 +83,29 @@ class ScoreGrid:
 
 def rank_step_scores(store: Store, warmup_factor: float = 2.0) -> ScoreGrid | None:
     """The ScoreGrid of the run's rank_step rows (None: no step with time); warm-up steps dropped."""
-    grid = _fetch_grid(store)
+    grid = load_grid(store, SCORE_COLUMNS, warmup_factor)
     if grid is None:
         return None
-    keep = ~np.isin(grid.steps, warmup_from_medians(_column_medians(grid["step_time_s"], grid.present),
+    v = grid.values
+    stages = row_groups(grid.pp)
+    for m in MEASURES:
+        v[f"ref_{m}"] = loo_median_rows(v[m], grid.present, stages)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v[f"x_{m}"] = np.log(np.clip(v[m], 1e-9, None) / np.clip(v[f"ref_{m}"], 1e-9, None))
+    tp_ref = loo_median_rows(v["work_s"], grid.present, row_groups(grid.pp, grid.dp))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v["tp_ratio"] = v["work_s"] / np.where(tp_ref > 0, tp_ref, np.nan)
+    v["x_replica_work_s"] = replica_score(grid, "x_work_s")
+    return grid
+
+
+def load_grid(store: Store, columns: tuple[str, ...], warmup_factor: float = 2.0) -> ScoreGrid | None:
+    """rank_step's `columns` (step_time_s among them; work_s = forward_s + backward_s) as a ScoreGrid
+    without scores, warm-up steps dropped (None: no rank-step with time)."""
+    grid = _fetch_grid(store, columns)
+    if grid is None:
+        return None
+    keep = ~np.isin(grid.steps, warmup_from_medians(column_medians(grid["step_time_s"], grid.present),
                                                      grid.steps, warmup_factor))
     if not keep.all():
         grid.steps, grid.present = grid.steps[keep], grid.present[:, keep]
@@ -96,54 +115,40 @@ def rank_step_scores(store: Store, warmup_factor: float = 2.0) -> ScoreGrid | No
             grid.ranks, grid.present = grid.ranks[alive], grid.present[alive]
             grid.pp, grid.dp, grid.tp, grid.host = grid.pp[alive], grid.dp[alive], grid.tp[alive], grid.host[alive]
             grid.values = {k: v[alive] for k, v in grid.values.items()}
-    if grid.empty:
-        return None
-    v = grid.values
-    stages = _row_groups(grid.pp)
-    for m in MEASURES:
-        v[f"ref_{m}"] = loo_median_rows(v[m], grid.present, stages)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            v[f"x_{m}"] = np.log(np.clip(v[m], 1e-9, None) / np.clip(v[f"ref_{m}"], 1e-9, None))
-    tp_ref = loo_median_rows(v["work_s"], grid.present, _row_groups(grid.pp, grid.dp))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v["tp_ratio"] = v["work_s"] / np.where(tp_ref > 0, tp_ref, np.nan)
-    v["x_replica_work_s"] = replica_score(grid, "x_work_s")
-    return grid
+    return None if grid.empty else grid
 
 
-def _fetch_grid(store: Store) -> ScoreGrid | None:
-    """rank_step's score columns, streamed in record batches into rank x step matrices (never a long
-    frame of all rows)."""
+def _fetch_grid(store: Store, columns: tuple[str, ...], chunk_ranks: int = 2048) -> ScoreGrid | None:
+    """rank_step's `columns` placed into rank x step matrices, `chunk_ranks` ranks a query (a bounded
+    frame each time, never one long frame of all rows)."""
     where = "FROM rank_step WHERE step_time_s > 0"
-    ids = store.query(f"SELECT rank, any_value(pp) AS pp, any_value(dp) AS dp, any_value(tp) AS tp {where} "
-                      "GROUP BY rank ORDER BY rank")
+    ids = store.query(f"SELECT DISTINCT rank, pp, dp, tp {where}")
     if ids.empty:
         return None
-    steps = store.query(f"SELECT DISTINCT step {where} ORDER BY step").step.to_numpy(dtype=np.int64)
+    ids = ids.drop_duplicates("rank").sort_values("rank")
+    steps = np.unique(store.query(f"SELECT DISTINCT step {where}").step.to_numpy(dtype=np.int64))
     ranks = ids["rank"].to_numpy(dtype=np.int64)
     shape = (len(ranks), len(steps))
     hosts = store.topology.set_index("rank")["host"]
     grid = ScoreGrid(ranks, steps, np.zeros(shape, dtype=bool), ids.pp.to_numpy(dtype=np.int64),
-                     ids.dp.to_numpy(dtype=np.int64), ids.tp.to_numpy(dtype=np.int64),
-                     hosts.reindex(ranks).to_numpy(), {})
-
-    def fill() -> None:
-        grid.present[:] = False
-        grid.values = {c: np.full(shape, np.nan) for c in SCORE_COLUMNS}
-        sql = f"SELECT rank, step, {', '.join(c for c in SCORE_COLUMNS if c != 'work_s')}, " \
-              f"forward_s + backward_s AS work_s {where}"
-        reader = store.con.sql(sql).to_arrow_reader(1 << 20)
-        for batch in reader:
-            r = np.searchsorted(ranks, batch.column("rank").to_numpy())
-            s = np.searchsorted(steps, batch.column("step").to_numpy())
-            grid.present[r, s] = True
-            for c in SCORE_COLUMNS:
-                grid.values[c][r, s] = batch.column(c).to_numpy(zero_copy_only=False)
-    store.run_with_retry(fill)
+                     ids.dp.to_numpy(dtype=np.int64), ids.get("tp", ids.dp * 0).to_numpy(dtype=np.int64),
+                     hosts.reindex(ranks).to_numpy(), {c: np.full(shape, np.nan) for c in columns})
+    select = ", ".join("forward_s + backward_s AS work_s" if c == "work_s" else c for c in columns)
+    for lo in range(0, len(ranks), chunk_ranks):
+        first, last = int(ranks[lo]), int(ranks[min(lo + chunk_ranks, len(ranks)) - 1])
+        rows = store.query(f"SELECT rank, step, {select} {where} AND rank BETWEEN $lo AND $hi",
+                           {"lo": first, "hi": last})
+        rank = rows["rank"].to_numpy(dtype=np.int64)
+        mine = (rank >= first) & (rank <= last)
+        r = np.searchsorted(ranks, rank[mine])
+        s = np.searchsorted(steps, rows.step.to_numpy(dtype=np.int64)[mine])
+        grid.present[r, s] = True
+        for c in columns:
+            grid.values[c][r, s] = rows[c].to_numpy(dtype=float)[mine]
     return grid
 
 
-def _column_medians(m: np.ndarray, present: np.ndarray) -> np.ndarray:
+def column_medians(m: np.ndarray, present: np.ndarray) -> np.ndarray:
     """Per step (column): the median over the ranks with a row."""
     if present.all():
         return np.median(m, axis=0)
@@ -153,7 +158,7 @@ def _column_medians(m: np.ndarray, present: np.ndarray) -> np.ndarray:
     return out
 
 
-def _row_groups(*keys: np.ndarray) -> list[np.ndarray]:
+def row_groups(*keys: np.ndarray) -> list[np.ndarray]:
     """Row indices of each distinct combination of per-rank keys (e.g. the ranks of each stage)."""
     _, gid = np.unique(np.stack(keys, axis=1), axis=0, return_inverse=True)
     gid = gid.ravel()
@@ -204,16 +209,16 @@ def replica_score(grid: ScoreGrid, column: str) -> np.ndarray:
     """Per rank-step: the median over the same data-parallel replica's OTHER stages of their mean score
     (NaN with one stage). Those ranks compute the same micro-batches: when the replica drew long
     sequences they are slow at the same steps, while a slow GPU slows only its own stage."""
-    blocks = _row_groups(grid.dp, grid.pp)     # (dp, pp) blocks, in (dp, pp) order
+    blocks = row_groups(grid.dp, grid.pp)     # (dp, pp) blocks, in (dp, pp) order
     keys = np.array([(grid.dp[b[0]], grid.pp[b[0]]) for b in blocks])
     x, here = grid[column], grid.present
     n_steps = x.shape[1]
     mean = np.full((len(blocks), n_steps), np.nan)
     has = np.zeros((len(blocks), n_steps), dtype=bool)
     for i, b in enumerate(blocks):
-        mean[i], has[i] = _kahan_mean(x[b], here[b])
+        mean[i], has[i] = kahan_mean(x[b], here[b])
     # the blocks of each replica are the members of its groups: the same leave-one-out rule
-    replicas = _row_groups(keys[:, 0])
+    replicas = row_groups(keys[:, 0])
     other = loo_median_rows(mean, has, replicas)
     out = np.full(x.shape, np.nan)
     for i, b in enumerate(blocks):
@@ -221,7 +226,7 @@ def replica_score(grid: ScoreGrid, column: str) -> np.ndarray:
     return out
 
 
-def _kahan_mean(vals: np.ndarray, here: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def kahan_mean(vals: np.ndarray, here: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per column: the mean of the non-NaN values of present rows, summed as pandas' groupby mean sums
     (compensated, row by row); NaN where none. Also whether any row is present (the group exists)."""
     total = np.zeros(vals.shape[1])

@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
-from megascope.analyzer.peer_stats import warmup_steps
+from megascope.analyzer.peer_stats import ScoreGrid, column_medians, kahan_mean, load_grid, row_groups
 from megascope.analyzer.store import Store
 
 
@@ -56,16 +56,16 @@ class WorkloadImbalanceDetector:
         self.cfg = config or WorkloadImbalanceConfig()
 
     def detect(self, store: Store) -> list[Finding]:
-        scores = compute_per_rank_step(store)
-        if scores.empty or scores.dp.nunique() < 2:
+        grid = compute_per_rank_step(store)
+        if grid is None or len(np.unique(grid.dp)) < 2:
             return []
-        stats = replica_spread(scores, self.cfg.level_window)
+        stats = replica_spread(grid, self.cfg.level_window)
         if stats is None or stats.steps.step.nunique() < self.cfg.min_steps:
             return []
-        finding = self._judge(store, scores, stats)
+        finding = self._judge(store, grid, stats)
         return [finding] if finding is not None else []
 
-    def _judge(self, store: Store, scores: pd.DataFrame, st: "SpreadStats") -> Finding | None:
+    def _judge(self, store: Store, grid: ScoreGrid, st: "SpreadStats") -> Finding | None:
         cfg = self.cfg
         if st.ranks_per_replica < 2:
             return None  # one rank per replica: per-rank jitter and workload look the same
@@ -81,7 +81,7 @@ class WorkloadImbalanceDetector:
             return None  # one replica slowest nearly always: persistent, the straggler detector's case
         ratio = math.exp(float(flagged.spread.median()))
         first, last = int(flagged.step.min()), int(flagged.step.max())
-        ranks = sorted(int(r) for r in scores["rank"].unique())
+        ranks = [int(r) for r in grid.ranks]
         lost = float((flagged.lost_s / flagged.step_time_s.where(flagged.step_time_s > 0)).median())
         replicas = [int(d) for d in top.index]
         return Finding(
@@ -102,14 +102,10 @@ class WorkloadImbalanceDetector:
                       "est_throughput_lost": round(lost, 4) if lost == lost else None})
 
 
-def compute_per_rank_step(store: Store, warmup_factor: float = 2.0) -> pd.DataFrame:
-    """rank, step, pp, dp, work_s (own forward + backward), step_time_s; warm-up steps dropped as the
-    straggler detector drops them."""
-    rs = store.query("""SELECT rank, step, pp, dp, forward_s + backward_s AS work_s, step_time_s
-                        FROM rank_step WHERE step_time_s > 0""")
-    if rs.empty:
-        return rs
-    return rs[~rs.step.isin(warmup_steps(rs, warmup_factor))].reset_index(drop=True)
+def compute_per_rank_step(store: Store, warmup_factor: float = 2.0) -> ScoreGrid | None:
+    """work_s (own forward + backward) and step_time_s per rank and step (rank x step matrices), warm-up
+    steps dropped as the straggler detector drops them; None: no rank-step with time."""
+    return load_grid(store, ("step_time_s", "work_s"), warmup_factor)
 
 
 @dataclass
@@ -124,32 +120,50 @@ class SpreadStats:
     replicas: int
 
 
-def replica_spread(scores: pd.DataFrame, level_window: int) -> SpreadStats | None:
-    """Per step: how far apart the data-parallel replicas' compute is (see the module docstring)."""
-    df = scores[["rank", "step", "pp", "dp", "work_s", "step_time_s"]].copy()
-    df = df[df.work_s > 0]
-    if df.empty:
+def replica_spread(grid: ScoreGrid, level_window: int) -> SpreadStats | None:
+    """Per step: how far apart the data-parallel replicas' compute is (see the module docstring). The
+    rank-step statistics are reductions over rank x step matrices (12,288 ranks x 1,000 steps: a long
+    frame's groupbys and per-rank rolling medians took ~13 s); the per-replica table is small."""
+    work = grid["work_s"]
+    with np.errstate(invalid="ignore"):
+        ok = grid.present & (work > 0)
+    if not ok.any():
         return None
-    stage_med = df.groupby(["step", "pp"]).work_s.transform("median")
-    df["z"] = np.log(df.work_s / stage_med)
-    df = df.sort_values(["rank", "step"])
-    level = (df.groupby("rank").z.rolling(level_window, center=True, min_periods=1).median()
-             .reset_index(level=0, drop=True))
-    df["z_own"] = df.z - level
-    rep = df.groupby(["step", "dp"]).agg(y=("z", "mean"), y_own=("z_own", "mean"), n=("z", "size"),
-                                         work=("work_s", "mean"), step_time=("step_time_s", "median"))
-    rep = rep.reset_index()
+    z = np.full(work.shape, np.nan)
+    for rows in row_groups(grid.pp):  # log(work / its stage's median at the step)
+        med = column_medians(work[rows], ok[rows])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            z[rows] = np.where(ok[rows], np.log(work[rows] / med), np.nan)
+    z_own = z - _rolling_median(z, ok, level_window)
+    # per (step, replica), the ranks in rank order (the order the long frame summed them in)
+    replicas = row_groups(grid.dp)
+    shape = (len(replicas), work.shape[1])
+    y, y_own, n, mean_work, step_time = (np.full(shape, np.nan) for _ in range(5))
+    for i, rows in enumerate(replicas):
+        here = ok[rows]
+        y[i], _ = kahan_mean(z[rows], here)
+        y_own[i], _ = kahan_mean(z_own[rows], here)
+        mean_work[i], _ = kahan_mean(work[rows], here)
+        n[i] = here.sum(axis=0)
+        step_time[i] = column_medians(np.where(here, grid["step_time_s"][rows], np.nan), here)
+    dps = np.array([grid.dp[r[0]] for r in replicas])
+    d, j = np.nonzero(n > 0)
+    order = np.lexsort((dps[d], grid.steps[j]))   # (step, dp) order, as a groupby gives
+    d, j = d[order], j[order]
+    rep = pd.DataFrame({"step": grid.steps[j], "dp": dps[d], "y": y[d, j], "y_own": y_own[d, j],
+                        "n": n[d, j].astype(np.int64), "work": mean_work[d, j], "step_time": step_time[d, j]})
     # disagreement of each rank with its replica's mean (after its own level): per-rank noise
-    df = df.join(rep.set_index(["step", "dp"])[["y_own", "n"]], on=["step", "dp"])
-    multi = df[df.n >= 2]
+    row_of = np.empty(len(grid.ranks), dtype=np.int64)
+    for i, rows in enumerate(replicas):
+        row_of[rows] = i
+    n_rows, y_own_rows = n[row_of], y_own[row_of]
+    multi = ok & (n_rows >= 2)
     k = float(rep.n.median())
-    if multi.empty:
+    if not multi.any():
         sigma = float("nan")
     else:
-        e = multi.z_own - multi.y_own
-        shrink = np.sqrt(1 - 1 / multi.n)  # a member's residual from a mean it is part of
-        e = e / shrink
-        sigma = max(1e-3, 1.4826 * float((e - e.median()).abs().median()))
+        e = (z_own[multi] - y_own_rows[multi]) / np.sqrt(1 - 1 / n_rows[multi])  # residual from a mean it is in
+        sigma = max(1e-3, 1.4826 * float(np.median(np.abs(e - np.median(e)))))
     rep = rep[rep.groupby("step").dp.transform("size") >= 2]
     if rep.empty:
         return None
@@ -163,3 +177,27 @@ def replica_spread(scores: pd.DataFrame, level_window: int) -> SpreadStats | Non
         "step_time_s": g.step_time.median(),
     }).reset_index()
     return SpreadStats(steps=steps, rank_sigma=sigma, ranks_per_replica=k, replicas=int(rep.dp.nunique()))
+
+
+def _rolling_median(z: np.ndarray, ok: np.ndarray, window: int) -> np.ndarray:
+    """Each rank's centred rolling median of z over its own steps (`window` of its rows, fewer at the
+    ends: pandas' rolling(window, center=True, min_periods=1).median()); NaN where not ok."""
+    out = np.full(z.shape, np.nan)
+    dense = ok.all(axis=1)
+    half_hi = (window - 1) // 2                           # pandas centres an even window one step early
+    half_lo = window - 1 - half_hi
+    n = z.shape[1]
+    idx = np.flatnonzero(dense)
+    for c in range(0, len(idx), 1024):                  # bounded memory: 1,024 ranks at a time
+        rows = z[idx[c:c + 1024]]
+        res = np.empty_like(rows)
+        if n >= window:
+            res[:, half_lo:n - half_hi] = np.median(np.lib.stride_tricks.sliding_window_view(rows, window, axis=1),
+                                                    axis=2)
+        for j in list(range(min(half_lo, n))) + list(range(max(half_lo, n - half_hi), n)):
+            res[:, j] = np.median(rows[:, max(0, j - half_lo):min(n, j + half_hi + 1)], axis=1)
+        out[idx[c:c + 1024]] = res
+    for r in np.flatnonzero(~dense):                     # partial traces: the rank's own rows
+        cols = np.flatnonzero(ok[r])
+        out[r, cols] = pd.Series(z[r, cols]).rolling(window, center=True, min_periods=1).median().to_numpy()
+    return out

@@ -222,3 +222,49 @@ def test_a_failed_summary_write_is_retried_and_the_raw_batch_written_once(one_ra
         pd.testing.assert_frame_equal(_edge_rows(out, table, 0).drop(columns="final", errors="ignore"),
                                       _edge_rows(whole, table, 0).drop(columns="final", errors="ignore"),
                                       check_exact=False, rtol=1e-12, obj=table)
+
+
+# ---- the central merge of the ranks' collective rows ------------------------------------------------
+
+def test_one_aggregation_of_the_members_equals_the_flat_partials_merge():
+    """edge_collectives.sql (one aggregation of every member's row) gives collectives.sql's rows merged
+    from flat_partials.sql's per-batch partials, on members of tp, dp, pp and world ops split over
+    batches, with ties (the higher rank arrived last), issues before the epoch and an unmatched group."""
+    import duckdb
+    import numpy as np
+
+    from megascope.analyzer.event_pass import library_sql
+
+    con = duckdb.connect()
+    for text in library_sql():
+        con.execute(text)
+    dp, tp, pp = 2, 4, 2  # 16 ranks in Megatron order
+    gen = np.random.default_rng(7)
+    rows = []
+    for step in range(3):
+        for rank in range(dp * tp * pp):
+            for group, ops in (("tp", 3), ("dp", 2), ("pp", 1), ("world", 1), ("custom", 1)):
+                for op in range(ops):
+                    seq = step * ops + op
+                    # starts on a 1 us grid over 40 us: many members of an op issue in the same ns
+                    late = group == "world" and rank in (9, 12)
+                    start = -5_000 + 1_000_000 * seq + 1_000 * (50 if late else int(gen.integers(0, 40)))
+                    rows.append((rank, step + (rank == 3 and group == "dp"), group, seq, f"{group}_op", start,
+                                 start + int(gen.integers(1, 5_000))))
+    members = pd.DataFrame(rows, columns=["rank", "step", "group", "seq", "op_name", "start_ns", "end_ns"]).astype(
+        {"rank": "int32", "step": "int64", "seq": "int64", "start_ns": "int64", "end_ns": "int64"})
+    con.register("members_df", members)
+    con.execute("CREATE TABLE m AS SELECT *, 6::UTINYINT AS role FROM members_df")
+    layout = {"base": -3_600_000_000_000, "dp": dp, "tp": tp, "cp": 1, "renumber": None}
+    for i, (lo, hi) in enumerate(((0, 5), (5, 11), (11, 16))):  # batches that split groups of every kind
+        con.execute(f"CREATE OR REPLACE VIEW b AS FROM m WHERE rank >= {lo} AND rank < {hi}")
+        verb = "CREATE TABLE p AS " if i == 0 else "INSERT INTO p "
+        con.execute(verb + "FROM flat_partials('b', $base, $dp, $tp, $cp, $renumber)", layout)
+    keys = ["group", "instance", "seq"]
+    merged = con.execute("FROM collective_instances_of('p', $base)", {"base": layout["base"]}).df()
+    direct = con.execute("FROM collective_instances_of_members('m', $base, $dp, $tp, $cp, $renumber)", layout).df()
+    merged, direct = (f.sort_values(keys).reset_index(drop=True) for f in (merged, direct))
+    assert set(direct["group"]) == {"tp", "dp", "pp", "world"} and len(direct) == 3 * (4 * 3 + 8 * 2 + 8 + 1)
+    pd.testing.assert_frame_equal(direct, merged, check_exact=False, rtol=1e-12)
+    # ranks 9 and 12 (two batches) issue every world op last, in the same ns: the higher rank is the last
+    assert direct[direct["group"] == "world"].last_rank.tolist() == [12, 12, 12]

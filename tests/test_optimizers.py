@@ -133,17 +133,12 @@ def test_lamb_tp_sharded_param_uses_full_norm():
     torch.testing.assert_close(out[1][rows:], flat(expected[1:]), rtol=1e-6, atol=1e-7)
 
 
-def test_adamw_in_pieces_equals_adamw_in_one(monkeypatch):
-    """The update runs in pieces of CHUNK elements (bounded temporaries on a 2B-parameter shard):
-    any piece size gives the same parameters, bit for bit."""
-    from megascope.trainer import optimizers
 
-    params, grads = toy_tensors(seed=3)
-    results = []
-    for chunk in (1 << 26, 7):
-        monkeypatch.setattr(optimizers, "CHUNK", chunk)
-        opt, master = AdamW(ShardLayout.for_tensors(params), BETAS, WD), flat(params)
-        for step_grads in grads:
-            opt.step(master, flat(step_grads), LR)
-        results.append(master)
-    assert torch.equal(results[0], results[1])
+def test_adamw_decay_runs_and_their_complement_cover_the_shard():
+    from megascope.trainer.optimizers import _complement
+
+    params, _ = toy_tensors()
+    layout = ShardLayout.for_tensors(params)  # matrix (30), vector (7), matrix (12)
+    assert layout.decay_ranges() == [(0, 30), (37, 49)]
+    assert _complement(layout.decay_ranges(), layout.numel) == [(30, 37)]
+    assert _complement([], 5) == [(0, 5)] and _complement([(0, 5)], 5) == []

@@ -12,7 +12,6 @@ tensor parallelism splits (`tp_sharded=True`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
@@ -66,19 +65,12 @@ class ShardLayout:
                            self.tp_sharded.to(device))
 
 
-CHUNK = 1 << 26
-"""Elements per piece of the element-wise update: its temporaries stay at 256 MiB (fp32) instead of
-the size of the whole shard (8 GB for a 2B-parameter model on one GPU)."""
-
-
-def pieces(n: int) -> list[slice]:
-    return [slice(lo, min(lo + CHUNK, n)) for lo in range(0, n, CHUNK)]
-
-
 class AdamW:
-    """Decoupled weight decay Adam (Loshchilov & Hutter), step-for-step the same arithmetic as
-    torch.optim.AdamW (non-fused, non-amsgrad), on one flat shard. The state lives on `device`
-    (default: the layout's); the layout itself may stay on the CPU (AdamW reads only its decay runs)."""
+    """Decoupled weight decay Adam (Loshchilov & Hutter) on one flat shard, through the kernel of
+    torch.optim.AdamW(fused=True): one pass over the shard per step, no temporaries (the unfused
+    arithmetic took 88.6 ms a step for a 2B-parameter shard on an H100, 8.6% of the step). Weight decay
+    applies to the weight matrices' runs of the shard: two calls, one per decay setting, over views.
+    The state lives on `device` (default: the layout's); the layout itself may stay on the CPU."""
 
     def __init__(self, layout: ShardLayout, betas: tuple[float, float], weight_decay: float,
                  eps: float = ADAMW_EPS, device: torch.device | None = None) -> None:
@@ -88,23 +80,22 @@ class AdamW:
         self.eps = eps
         self.step_count = 0
         device = device if device is not None else layout.segment_ids.device
-        self._decay_ranges = layout.decay_ranges()
+        decay = layout.decay_ranges()
+        self._groups = [(decay, weight_decay), (_complement(decay, layout.numel), 0.0)]
         self.exp_avg = torch.zeros(layout.numel, dtype=torch.float32, device=device)
         self.exp_avg_sq = torch.zeros_like(self.exp_avg)
+        self._step = torch.zeros((), dtype=torch.float32, device=device)  # the fused kernel reads it
 
     def step(self, params: torch.Tensor, grads: torch.Tensor, lr: float) -> None:
         self.step_count += 1
-        bc1 = 1 - self.beta1 ** self.step_count
-        bc2 = 1 - self.beta2 ** self.step_count
-        # decay first, as torch does: p *= 1 - lr*wd (only the weight matrices' runs)
-        if self.weight_decay and self._decay_ranges:
-            torch._foreach_mul_([params[lo:hi] for lo, hi in self._decay_ranges], 1 - lr * self.weight_decay)
-        for piece in pieces(params.numel()):
-            exp_avg, exp_avg_sq, grad = self.exp_avg[piece], self.exp_avg_sq[piece], grads[piece]
-            exp_avg.lerp_(grad, 1 - self.beta1)
-            exp_avg_sq.mul_(self.beta2).addcmul_(grad, grad, value=1 - self.beta2)
-            denom = (exp_avg_sq.sqrt() / math.sqrt(bc2)).add_(self.eps)
-            params[piece].addcdiv_(exp_avg, denom, value=-lr / bc1)
+        self._step.fill_(self.step_count)
+        for ranges, weight_decay in self._groups:
+            if not ranges:
+                continue
+            views = [[t[lo:hi] for lo, hi in ranges] for t in (params, grads, self.exp_avg, self.exp_avg_sq)]
+            torch._fused_adamw_(*views, [], [self._step] * len(ranges), lr=lr, beta1=self.beta1,
+                                beta2=self.beta2, weight_decay=weight_decay, eps=self.eps, amsgrad=False,
+                                maximize=False)
 
     def state_dict(self) -> dict:
         return {"step": self.step_count, "exp_avg": self.exp_avg, "exp_avg_sq": self.exp_avg_sq}
@@ -113,6 +104,18 @@ class AdamW:
         self.step_count = int(state["step"])
         self.exp_avg.copy_(state["exp_avg"])
         self.exp_avg_sq.copy_(state["exp_avg_sq"])
+
+
+def _complement(ranges: list[tuple[int, int]], numel: int) -> list[tuple[int, int]]:
+    """The [lo, hi) runs of [0, numel) that `ranges` (sorted, disjoint) leave out."""
+    out, at = [], 0
+    for lo, hi in ranges:
+        if lo > at:
+            out.append((at, lo))
+        at = hi
+    if at < numel:
+        out.append((at, numel))
+    return out
 
 
 class Lamb(AdamW):

@@ -31,13 +31,17 @@ from torch import nn
 
 from megascope.tracer import comm
 from megascope.trainer.config import ParallelConfig, TrainConfig
-from megascope.trainer.optimizers import AdamW, ShardLayout, build_optimizer, pieces
+from megascope.trainer.optimizers import AdamW, ShardLayout, build_optimizer
 from megascope.trainer.parallel.grad_buckets import Bucket, ChunkBuffers
 from megascope.trainer.parallel.parallel_dims import ParallelDims
 
 MiB = 1 << 20
 PREFETCH_BUCKETS = 1
 """Buckets per chunk (in forward order) whose all-gather is left in flight after step()."""
+
+
+NORM_PIECE = 1 << 26
+"""Elements per piece of the gradient-norm reduction."""
 
 
 class DistributedOptimizer:
@@ -210,7 +214,9 @@ class DistributedOptimizer:
         """sqrt of the sum of squares over every rank's shard, each element counted once: duplicates
         (norm_owner=False: tp-replicated params on tp ranks > 0, the second tied embedding) are left out."""
         g, mask = self._grad_shard, self._norm_mask
-        sq = torch.stack([(g[p] * g[p] * mask[p]).sum() for p in pieces(g.numel())]).sum().reshape(1)
+        # in pieces: the temporaries stay at 256 MiB instead of the shard's size (8 GB at 2B parameters)
+        pieces = [slice(lo, lo + NORM_PIECE) for lo in range(0, g.numel(), NORM_PIECE)]
+        sq = torch.stack([(g[p] * g[p] * mask[p]).sum() for p in pieces]).sum().reshape(1)
         comm.all_reduce(sq, self.dims.groups["world"], "world", name="grad_norm")
         return math.sqrt(sq.item())  # note: this is a CPU-GPU sync point (clipping needs the value)
 

@@ -48,7 +48,7 @@ def mfu_row(path: str, skip: int) -> str:
     formula_mfu = model_flops_per_step(m, t.global_batch) / step_s / peak
     hfu = hardware_flops_per_step(m, t.global_batch, p.recompute) / step_s / peak
     ran = ", ".join(filter(None, [t.dtype, "compiled blocks" if t.compile else "eager",
-                                  f"window {m.window}" if m.window else "SDPA flash (causal)",
+                                  f"window {m.window}" if m.window else "causal attention (SDPA)",
                                   f"recompute {p.recompute}" if p.recompute != "none" else "",
                                   f"dp{p.dp} tp{p.tp} pp{p.pp}"]))
     return (f"| {Path(path).name} | {parameter_count(m) / 1e9:.2f}B (L{m.n_layers} h{m.hidden} a{m.n_heads} "

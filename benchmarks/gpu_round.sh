@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The GPU round (issue 19), one command on a machine with one CUDA GPU, from the repo root:
-#   bash benchmarks/gpu_round.sh            # results and logs in $OUT (default /tmp/megascope-gpu)
+#   bash benchmarks/gpu_round.sh     # tables in $OUT/summary.md, logs and run directories in $OUT/runs.tgz
 # In priority order, each part under its own time limit so one failure or hang leaves the rest:
 #   1. MFU: `megascope train --preset gpu-2b` traced (CUDA events + NVML), then benchmarks/gpu_report.py
 #      (the analyzer's MFU timeline, the formula cross-check, the step-time breakdown);
@@ -9,73 +9,74 @@
 #   3. straggler: two ranks sharing the GPU (gloo), rank 1's kernels slowed by extra matmuls, analyzed;
 #   4. FlexAttention vs our Triton forward vs SDPA (benchmarks/attention_window.py) and the GPU tests;
 #   5. the same MFU run with eager blocks (train.compile=false).
+# Few files come back from a lent device (8 at most): everything goes into summary.md and runs.tgz.
 # DRY_RUN=1 runs the same plumbing on the CPU with the tiny preset (a check of this script, not a result).
 set -uo pipefail
 OUT=${OUT:-/tmp/megascope-gpu}
 RUNS=${RUNS:-/tmp/megascope-gpu-runs}
-mkdir -p "$OUT"
-rm -rf "$RUNS" && mkdir -p "$RUNS"
+LOGS=$RUNS/logs
+SUMMARY=$OUT/summary.md
+mkdir -p "$OUT" && rm -rf "$RUNS" && mkdir -p "$LOGS" && : >"$SUMMARY"
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 if [ "${DRY_RUN:-0}" = 1 ]; then
   PRESET=(--preset tiny --device cpu); STEPS=6; SKIP=2; ROUNDS=2; DEVICE=cpu
   STRAGGLER=(--preset tiny --device cpu --set train.global_batch=16); STRAGGLER_STEPS=24
 else
-  PRESET=(--preset gpu-2b); STEPS=12; SKIP=4; ROUNDS=6; DEVICE=cuda
+  PRESET=(--preset gpu-2b); STEPS=12; SKIP=4; ROUNDS=4; DEVICE=cuda
   STRAGGLER=(--preset gpu --set model.n_layers=8 --set train.global_batch=16); STRAGGLER_STEPS=30
   if ls .whl/*.whl >/dev/null 2>&1; then  # duckdb, cupti-python where the image lacks them
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       && export PYTHONPATH=/tmp/site
   fi
-  $PY -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || cat "$OUT/install.log"
-  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv | tee "$OUT/gpu.txt"
+  $PY -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/install.log" 2>&1 || cat "$LOGS/install.log"
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv | tee -a "$SUMMARY"
 fi
-$PY -c "import torch, duckdb; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'duckdb', duckdb.__version__)"
+$PY -c "import torch, duckdb; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'duckdb', duckdb.__version__)" \
+  | tee -a "$SUMMARY"
 
-part() {  # part NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log, say how it ended
+part() {  # part NAME SECONDS CMD...: run with a time limit, log to $LOGS/NAME.log, say how it ended
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  echo "=== $name (limit ${limit}s): $*"
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo "=== $name (limit ${limit}s): $*" | tee -a "$SUMMARY"
+  timeout --kill-after=10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
-  echo "=== $name: rc=$rc in $((SECONDS - t0)) s"
-  [ $rc = 0 ] || tail -n 15 "$OUT/$name.log"
+  echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$SUMMARY"
+  [ $rc = 0 ] || tail -n 15 "$LOGS/$name.log" | tee -a "$SUMMARY"
+  tar czf "$OUT/runs.tgz" -C "$RUNS" . 2>/dev/null  # what is done so far comes back even if later parts hang
   return $rc
 }
+show() { grep -v -e Warning -e warn "$LOGS/$1.log" | tail -n "${2:-40}" | tee -a "$SUMMARY"; }
 TRAIN=($PY -m megascope train)
 
-# 1. MFU, traced with the default tracing; a smaller micro-batch if the first does not fit.
+# 1. MFU, traced with the default tracing; a smaller micro-batch only if the first does not fit.
 MFU_SET=()
 if ! part mfu 300 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS --run-dir "$RUNS/mfu" \
-    && grep -qi "out of memory" "$OUT/mfu.log"; then
+    && grep -qi "out of memory" "$LOGS/mfu.log"; then
   rm -rf "$RUNS/mfu"
   MFU_SET=(--set train.micro_batch=1)
   part mfu-mb1 240 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS "${MFU_SET[@]}" --run-dir "$RUNS/mfu"
 fi
-part report 120 $PY benchmarks/gpu_report.py "$RUNS/mfu" --skip $SKIP && cat "$OUT/report.log"
-tar czf "$OUT/runs.tgz" -C "$RUNS" . 2>/dev/null
+part report 120 $PY benchmarks/gpu_report.py "$RUNS/mfu" --skip $SKIP && show report
 
-# 2. Tracer cost, same process: off / default tracing / default + CUPTI, interleaved.
-part tracer_cost 200 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 \
-  --device $DEVICE --cupti --rounds $ROUNDS --steps 2 --warmup 2 "${MFU_SET[@]}" && tail -n 30 "$OUT/tracer_cost.log"
+# 2. Tracer cost, same process: off / default tracing / default + CUPTI, interleaved (progress per round).
+part tracer_cost 300 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE --cupti \
+  --rounds $ROUNDS --steps 1 --warmup 2 --progress "${MFU_SET[@]}"
+show tracer_cost 45
 
 # 3. A straggler on a real device: two ranks on the one GPU (gloo), rank 1 slowed 1.5x from step 10.
 part straggler 240 "${TRAIN[@]}" "${STRAGGLER[@]}" --dp 2 --set train.backend=gloo --set parallel.zero=false \
   --steps $STRAGGLER_STEPS --inject straggler:rank=1,slowdown=1.5,from=10 --run-dir "$RUNS/straggler"
-part straggler_report 120 $PY benchmarks/gpu_report.py "$RUNS/straggler" --skip $SKIP && cat "$OUT/straggler_report.log"
-tar czf "$OUT/runs.tgz" -C "$RUNS" . 2>/dev/null
+part straggler_report 120 $PY benchmarks/gpu_report.py "$RUNS/straggler" --skip $SKIP && show straggler_report
 
 # 4. Attention paths and the GPU tests.
 if [ "$DEVICE" = cuda ]; then
-  part attention 120 $PY benchmarks/attention_window.py && cat "$OUT/attention.log"
-  part gpu_tests 150 $PY -m pytest -q tests/test_kernels.py tests/test_tracer_gpu.py tests/test_gpu_delay.py \
-    && tail -n 3 "$OUT/gpu_tests.log"
+  part attention 120 $PY benchmarks/attention_window.py && show attention
+  part gpu_tests 150 $PY -m pytest -q tests/test_kernels.py tests/test_tracer_gpu.py tests/test_gpu_delay.py
+  show gpu_tests 3
 fi
 
 # 5. Eager blocks, for the compiled run's gain.
 part mfu_eager 200 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS --set train.compile=false "${MFU_SET[@]}" \
   --run-dir "$RUNS/mfu_eager"
-part report_both 120 $PY benchmarks/gpu_report.py "$RUNS/mfu" "$RUNS/mfu_eager" --skip $SKIP \
-  && cat "$OUT/report_both.log"
-tar czf "$OUT/runs.tgz" -C "$RUNS" . 2>/dev/null
-ls -la "$OUT"
+part report_both 120 $PY benchmarks/gpu_report.py "$RUNS/mfu" "$RUNS/mfu_eager" --skip $SKIP && show report_both

@@ -111,6 +111,9 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
             after = _cpu_by_role()
             for role in after:
                 by_role[mode][role] += after[role] - before[role]
+        if rank == 0 and args.progress:  # a run cut short still shows what it measured
+            print(f"round {rnd + 1}/{args.rounds}: " + ", ".join(
+                f"{mode} {statistics.fmean(rounds[-1][mode]) * 1e3:.1f} ms" for mode in names), flush=True)
     on = tracers["on"]
     wakeups = on.completion.sweeps if on.completion is not None else 0
     kernels = tracers["cupti"].cupti.kernels if "cupti" in tracers and tracers["cupti"].cupti else 0
@@ -228,6 +231,7 @@ def main() -> None:
                    help="override a config field of the preset, as `megascope train --set`")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the job runs (cuda: one GPU per rank, default tracing = CUDA events + NVML)")
+    p.add_argument("--progress", action="store_true", help="print each round's mean step time per mode")
     p.add_argument("--cupti", action="store_true",
                    help="a third block per round: the default tracing plus CUPTI kernel activity (GPU)")
     args = p.parse_args()

@@ -92,8 +92,8 @@ class AdamW:
         for ranges, weight_decay in self._groups:
             if not ranges:
                 continue
-            views = [[t[lo:hi] for lo, hi in ranges] for t in (params, grads, self.exp_avg, self.exp_avg_sq)]
-            torch._fused_adamw_(*views, [], [self._step] * len(ranges), lr=lr, beta1=self.beta1,
+            p, g, m, v = ([t[lo:hi] for lo, hi in ranges] for t in (params, grads, self.exp_avg, self.exp_avg_sq))
+            torch._fused_adamw_(p, g, m, v, [], [self._step] * len(ranges), lr=lr, beta1=self.beta1,
                                 beta2=self.beta2, weight_decay=weight_decay, eps=self.eps, amsgrad=False,
                                 maximize=False)
 

@@ -85,14 +85,23 @@ class FlapDetector:
     def _degraded(self, series: pd.DataFrame, key: list[str], value: str, warm: set[int]) -> pd.DataFrame:
         """Rows of a (key, step, value, baseline_s, ratio) series that are degraded beyond the noise."""
         c = self.cfg
-        series = series[~series.step.isin(warm)].copy()
+        if warm:
+            series = series[~series.step.isin(warm)]
         if series.empty:
             return series
         with np.errstate(divide="ignore", invalid="ignore"):
-            series["lr"] = np.log(series.ratio.astype(float))
-        sigma = noise_sigma(series[np.isfinite(series.lr)], "lr", key=key)
+            lr = np.log(series.ratio.to_numpy(dtype=float))
+        # the noise from the key, step and log-ratio columns alone (no copy of the whole series: at
+        # 12,288 ranks it holds 21.5M link-steps)
+        finite = np.isfinite(lr)
+        noise = pd.DataFrame({k: series[k].to_numpy()[finite] for k in key + ["step"]} | {"lr": lr[finite]})
+        sigma = noise_sigma(noise, "lr", key=key)
+        del noise
         threshold = max(np.log(c.flag_ratio), c.z_flag * sigma)
-        return series[(series.lr >= threshold) & (series[value] - series.baseline_s >= c.min_extra_s)]
+        with np.errstate(invalid="ignore"):
+            keep = (lr >= threshold) & (series[value].to_numpy(dtype=float) - series.baseline_s.to_numpy(dtype=float)
+                                        >= c.min_extra_s)
+        return series[keep].assign(lr=lr[keep])
 
     def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: set[int]) -> list[Finding]:
         if has_wait_spans(store):
@@ -102,7 +111,8 @@ class FlapDetector:
             return []
         store.execute(load_sql("p2p_links"))
         series = store.query(load_sql("p2p_series"))
-        series = series[~series.step.isin(warm)]
+        if warm:
+            series = series[~series.step.isin(warm)]
         bad = self._degraded(series, ["src", "dst"], "floor_s", warm)
         bad = _above_boundary_peaks(store.topology, series, bad)
         bad = self._beyond_boundary(store.topology, series, bad)
@@ -246,7 +256,15 @@ def _link_steps(rows: pd.DataFrame, topology: pd.DataFrame, dedupe: bool = True)
     pa, pb = pp.reindex(a).to_numpy(), pp.reindex(b).to_numpy()
     out = pd.DataFrame({"lo": np.minimum(pa, pb), "hi": np.maximum(pa, pb), "a": a, "b": b,
                         "step": rows.step.to_numpy()})
-    return out.drop_duplicates() if dedupe else out
+    if not dedupe or out.empty:
+        return out
+    # lo and hi follow from a and b: one int64 code per (a, b, step) finds the same duplicates as the
+    # five columns (a hash of one column: ~6x faster on 21.5M link-steps)
+    step = out.step.to_numpy(dtype=np.int64)
+    a64, b64 = a.astype(np.int64), b.astype(np.int64)
+    span = int(step.max() - step.min()) + 1
+    code = (a64 * (int(b64.max()) + 1) + b64) * span + (step - step.min())
+    return out[~pd.Series(code).duplicated().to_numpy()]
 
 
 def group_boundaries(findings: list[Finding], topology: pd.DataFrame, max_links: int) -> list[Finding]:

@@ -276,32 +276,33 @@ class StragglerDetector:
         scored = ~np.isnan(x_all)
         # the screen runs on the steps and ranks with any score (a pivot of the scores), all ranks at once
         rows_ok, cols_ok = scored.any(axis=1), scored.any(axis=0)
-        z = x_all[rows_ok][:, cols_ok] / sigma
-        cusum = np.zeros(len(z))
-        peak = np.zeros(len(z))
-        for col in np.nan_to_num(np.minimum(z, cfg.cusum_clip), nan=0.0).T:
+        del scored
+        sub = x_all if rows_ok.all() else x_all[rows_ok]
+        cusum = np.zeros(len(sub))
+        peak = np.zeros(len(sub))
+        for j in np.flatnonzero(cols_ok):  # column by column: no copy of the whole matrix
+            col = np.nan_to_num(np.minimum(sub[:, j] / sigma, cfg.cusum_clip), nan=0.0)
             cusum = np.maximum(0.0, cusum + col - cfg.cusum_drift)
             peak = np.maximum(peak, cusum)
-        del z
+        del sub
         alarmed = [int(i) for i, r in zip(np.flatnonzero(rows_ok)[peak >= cfg.cusum_h],
                                           grid.ranks[rows_ok][peak >= cfg.cusum_h]) if int(r) not in skip]
         # each alarmed rank's own series (its steps with a row); the CUSUM stretches of the ranks with a
         # row at every step together (12,288 ranks x 1,000 steps: a Python loop per rank-step took ~10 s)
         dense = [i for i in alarmed if grid.present[i].all()]
-        series_of: dict[int, np.ndarray] = {}
         stretches: dict[int, list[tuple[int, int]]] = {}
-        if dense:
-            xs = x_all[dense]
-            zs = np.nan_to_num(xs / sigma, nan=0.0)
-            for i, row_x, row_z, found in zip(dense, xs, zs, cusum_stretches_rows(zs, cfg.cusum_drift,
-                                                                                   cfg.cusum_clip, cfg.cusum_h)):
-                series_of[i], stretches[i] = row_x, found
+        for c in range(0, len(dense), 2048):  # 2,048 ranks at a time: bounded copies
+            part = dense[c:c + 2048]
+            zs = np.nan_to_num(x_all[part] / sigma, nan=0.0)
+            for i, found in zip(part, cusum_stretches_rows(zs, cfg.cusum_drift, cfg.cusum_clip, cfg.cusum_h)):
+                if found:
+                    stretches[i] = found
         out = {}
+        dense_set = set(dense)
         for i in alarmed:
-            if i in series_of:
-                x = series_of[i]
-            else:
-                x = x_all[i, grid.present[i]]
+            if i in dense_set and i not in stretches:
+                continue  # no stretch
+            x = x_all[i, grid.present[i]]
             series = np.nan_to_num(x / sigma, nan=0.0)
             found = stretches[i] if i in stretches else cusum_stretches(series, cfg.cusum_drift, cfg.cusum_clip,
                                                                         cfg.cusum_h)

@@ -137,7 +137,7 @@ class FlapDetector:
         link's observed steps and p0 the other links' share of degraded steps."""
         if bad.empty:
             return bad
-        observed = _link_steps(series, topology).groupby(["lo", "hi", "a", "b"]).size()
+        observed = _observed_steps(series, topology)
         degraded = _link_steps(bad, topology).groupby(["lo", "hi", "a", "b"]).size()
         degraded = degraded.reindex(observed.index, fill_value=0)
         boundary = ["lo", "hi"]
@@ -239,13 +239,42 @@ def _above_boundary_peaks(topology: pd.DataFrame, series: pd.DataFrame, bad: pd.
         return bad
     with np.errstate(divide="ignore", invalid="ignore"):
         lr = np.log(series.ratio.astype(float).to_numpy())
-    links = _link_steps(series, topology, dedupe=False).assign(lr=lr)
-    peak = links[np.isfinite(links.lr)].groupby(["lo", "hi", "a", "b"], as_index=False).lr.max()
+    finite = np.isfinite(lr)
+    link, links = _links_of(series, topology)
+    top = pd.Series(lr[finite]).groupby(link[finite]).max()   # each link's largest finite log ratio
+    peak = links.iloc[top.index.to_numpy()].assign(lr=top.to_numpy()).dropna(subset=["lo", "hi"])
+    peak = peak.sort_values(["lo", "hi", "a", "b"]).reset_index(drop=True)
     peak["typical"] = leave_one_out_median(peak, ["lo", "hi"], "lr")
     typical = peak.set_index(["a", "b"]).typical
     pairs = pd.MultiIndex.from_arrays([bad[["src", "dst"]].min(axis=1), bad[["src", "dst"]].max(axis=1)])
     limit = typical.reindex(pairs).fillna(-np.inf).to_numpy()   # a link alone on its boundary: no peers
     return bad[bad.lr.to_numpy() > limit]
+
+
+def _links_of(rows: pd.DataFrame, topology: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
+    """Per row of a (src, dst, ...) series: the id of its unordered link; and the links (lo, hi, a, b) by
+    id. One int64 code per row, factorized: grouping 21.5M link-steps by four columns took seconds."""
+    a = np.minimum(rows.src.to_numpy(), rows.dst.to_numpy()).astype(np.int64)
+    b = np.maximum(rows.src.to_numpy(), rows.dst.to_numpy()).astype(np.int64)
+    width = int(b.max()) + 1 if len(b) else 1
+    link, codes = pd.factorize(a * width + b)
+    la, lb = np.asarray(codes) // width, np.asarray(codes) % width
+    pp = topology.set_index("rank")["pp"]
+    pa, pb = pp.reindex(la).to_numpy(), pp.reindex(lb).to_numpy()
+    return link, pd.DataFrame({"lo": np.minimum(pa, pb), "hi": np.maximum(pa, pb), "a": la, "b": lb})
+
+
+def _observed_steps(series: pd.DataFrame, topology: pd.DataFrame) -> pd.Series:
+    """Steps observed per unordered link, indexed (lo, hi, a, b) like a groupby of _link_steps (links
+    without a stage left out)."""
+    link, links = _links_of(series, topology)
+    step = series.step.to_numpy(dtype=np.int64)
+    span = int(step.max() - step.min()) + 1 if len(step) else 1
+    first = ~pd.Series(link.astype(np.int64) * span + (step - (step.min() if len(step) else 0))).duplicated().to_numpy()
+    counts = np.bincount(link[first], minlength=len(links))
+    links = links.assign(n=counts).dropna(subset=["lo", "hi"])
+    links = links[links.n > 0].sort_values(["lo", "hi", "a", "b"])
+    return pd.Series(links.n.to_numpy(), index=pd.MultiIndex.from_frame(links[["lo", "hi", "a", "b"]]))
 
 
 def _link_steps(rows: pd.DataFrame, topology: pd.DataFrame, dedupe: bool = True) -> pd.DataFrame:

@@ -292,12 +292,11 @@ def edge_summaries_cover(store: Store) -> bool:
 def from_edge_summaries(store: Store, base: int) -> bool:
     """The event pass's tables from the edge summaries, when they cover the run (edge_summaries_cover,
     checked on the rank_step rows read here: one scan of edge_rank_step): rank_step (joined to the
-    topology), _rank_peer_step a view of edge_peer_step (its rows as written; the two p2p analyses
-    that read it take a few columns of the p2p rows, and a table of its 34 M rows at 12,288 x 1,000
-    took 10-16 s to copy and 3.8 GB, past the memory limit), and collective_instances aggregated in
-    one pass from the ranks' collective rows (edge_collectives.sql: the values of the flat pass's
-    partials merged by collectives.sql). Returns False, leaving no table, when they do not cover it
-    (or a damaged segment was found in them: the raw events are the truth then)."""
+    topology), _rank_peer_step as written (a table: the p2p analyses scan it three times; as a view
+    of the 24k files at 12,288 x 1,000 those scans took 50 s instead of 26), and collective_instances
+    aggregated in one pass from the ranks' collective rows (edge_collectives.sql: the values of the
+    flat pass's partials merged by collectives.sql). Returns False, leaving no table, when they do not
+    cover it (or a damaged segment was found in them: the raw events are the truth then)."""
     define_sql(store)
     store.execute("CREATE OR REPLACE TEMP TABLE rank_step AS FROM rank_step_of_edge('edge_rank_step')")
     done = store.query("SELECT count(DISTINCT rank) AS n FROM rank_step WHERE final").n.iloc[0]
@@ -305,14 +304,14 @@ def from_edge_summaries(store: Store, base: int) -> bool:
         store.execute("DROP TABLE rank_step")
         return False
     store.execute("ALTER TABLE rank_step DROP COLUMN final")  # rank_step.sql's columns (instant)
-    store.execute("CREATE OR REPLACE TEMP VIEW _rank_peer_step AS SELECT "
+    store.execute("CREATE OR REPLACE TEMP TABLE _rank_peer_step AS SELECT "
                   + ", ".join(f'"{c}"' for c in PEER_STEP_COLUMNS) + " FROM edge_peer_step")
     store.execute("CREATE OR REPLACE TEMP TABLE collective_instances AS "
                   "FROM collective_instances_of_members('edge_collectives', $base, $dp, $tp, $cp, $renumber)",
                   {"base": int(base), **LayoutParams.of(store).params()})
     if store.damaged:  # found in edge_collectives: a member's rows are missing
-        for name, kind in (("rank_step", "TABLE"), ("_rank_peer_step", "VIEW"), ("collective_instances", "TABLE")):
-            store.execute(f"DROP {kind} {_table(name)}")
+        for name in ("rank_step", "_rank_peer_step", "collective_instances"):
+            store.execute(f"DROP TABLE {_table(name)}")
         return False
     return True
 

@@ -54,8 +54,8 @@ MFU_SET=()
 if ! part mfu 300 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS --run-dir "$RUNS/mfu" \
     && grep -qi "out of memory" "$LOGS/mfu.log"; then
   rm -rf "$RUNS/mfu"
-  MFU_SET=(--set train.micro_batch=1)
-  part mfu-mb1 240 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS "${MFU_SET[@]}" --run-dir "$RUNS/mfu"
+  MFU_SET=(--set train.micro_batch=2)
+  part mfu-mb2 240 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS "${MFU_SET[@]}" --run-dir "$RUNS/mfu"
 fi
 part report 120 $PY benchmarks/gpu_report.py "$RUNS/mfu" --skip $SKIP && show report
 

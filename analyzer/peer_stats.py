@@ -251,7 +251,7 @@ def kahan_mean(vals: np.ndarray, here: np.ndarray) -> tuple[np.ndarray, np.ndarr
         total = np.where(ok, t, total)
         count += ok
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, total / count, np.nan), here.any(axis=0)
+        return np.where(count > 0, total / count, np.nan), np.asarray(here.any(axis=0))
 
 
 def group_ids(df: pd.DataFrame, keys: list[str]) -> np.ndarray:

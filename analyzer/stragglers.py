@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -307,7 +308,7 @@ class StragglerDetector:
             found = stretches[i] if i in stretches else cusum_stretches(series, cfg.cusum_drift, cfg.cusum_clip,
                                                                         cfg.cusum_h)
             for a, b in found:
-                ep = self._sustained_episode(lambda i=i: grid.frame(np.array([i])), x,
+                ep = self._sustained_episode(partial(grid.frame, np.array([i])), x,
                                              change_point(series, a, b, cfg.sustained_min_steps), b, sigma)
                 if ep is not None:
                     out[int(grid.ranks[i])] = ep
@@ -458,16 +459,16 @@ def stage_balance(grid: ScoreGrid) -> pd.DataFrame:
             low[i] = np.quantile(w, 0.25, axis=0, method="lower")
             med[i] = np.median(w, axis=0)
         else:
-            for j in np.flatnonzero(h.any(axis=0)):
-                col = w[h[:, j], j]
-                low[i, j], med[i, j] = np.quantile(col, 0.25, method="lower"), np.median(col)
+            for c in np.flatnonzero(h.any(axis=0)):
+                col = w[h[:, c], c]
+                low[i, c], med[i, c] = np.quantile(col, 0.25, method="lower"), np.median(col)
     rows = []
     exists = ~np.isnan(med)
     for j, step in enumerate(grid.steps):
-        for i in np.flatnonzero(exists[:, j]):
-            others = med[exists[:, j] & (np.arange(len(stages)) != i), j]
+        for k in np.flatnonzero(exists[:, j]):
+            others = med[exists[:, j] & (np.arange(len(stages)) != k), j]
             ref = float(np.median(others)) if len(others) else float("nan")
-            rows.append((int(step), int(stages[i]), math.log(max(low[i, j], 1e-9) / max(ref, 1e-9)), med[i, j]))
+            rows.append((int(step), int(stages[k]), math.log(max(low[k, j], 1e-9) / max(ref, 1e-9)), med[k, j]))
     return pd.DataFrame(rows, columns=["step", "pp", "y", "stage_work_s"])
 
 

@@ -87,13 +87,19 @@ def test_nvml_sampler_fills_the_gpu_table():
     print("nvml sample:", row)
 
 
-def test_cupti_kernels_table():
+def _cupti_tracer() -> tuple[tracer.Tracer, tracer.MemorySink]:
+    """A tracer recording CUPTI kernel activity into memory; skips where CUPTI cannot run."""
     pytest.importorskip("cupti")
     sink = tracer.MemorySink()
     t = tracer.Tracer(None, 0, TraceConfig(nvml=False, cupti=True, flush_interval_s=0.2), "cuda:0", sink=sink)
     if not t.cupti.active:
         t.close()
         pytest.skip("CUPTI could not be enabled here")
+    return t, sink
+
+
+def test_cupti_kernels_table():
+    t, sink = _cupti_tracer()
     tracer.activate(t)
     tracer.set_step(0)
     before = t.now_ns()
@@ -114,12 +120,7 @@ def test_cupti_kernels_table():
 
 
 def test_cupti_records_only_while_the_tracer_is_active():
-    pytest.importorskip("cupti")
-    sink = tracer.MemorySink()
-    t = tracer.Tracer(None, 0, TraceConfig(nvml=False, cupti=True, flush_interval_s=0.2), "cuda:0", sink=sink)
-    if not t.cupti.active:
-        t.close()
-        pytest.skip("CUPTI could not be enabled here")
+    t, _ = _cupti_tracer()
     x = torch.randn(256, 256, device="cuda")
     tracer.activate(t)
     tracer.deactivate()

@@ -7,9 +7,8 @@ nest or overlap) and `event_pass_flat_events` + `flat_peer_step` + `flat_partial
 spans do not, checked on a sample) - and the derived tables `rank_step_of`, `collective_instances_of`,
 `late_arrivals_of`, `incomplete_collectives`; a run whose ranks summarized their own events at the edge
 is read from those tables instead (`rank_step_of_edge`, `collective_instances_of_members`). Values are
-bound as prepared parameters; input relations
-are passed to the macros by name (`query_table`), and the tables a function writes are named by its
-caller from a fixed set (`_table`).
+bound as prepared parameters; input relations are passed to the macros by name (`query_table`), and
+the tables a function writes are named by its caller from a fixed set (`_table`).
 
 One batch loop (`run_batches`) serves the event pass and the summary cache's extension of a live run:
 each batch reads its ranks' events and steps once (`scan_batch`: the batch function, which leaves

@@ -1,0 +1,92 @@
+"""The detectors' rank x step matrix code (peer_stats.ScoreGrid and friends) gives the same numbers as
+the long-form code it replaced, value for value: dense layouts (the fast axis reductions) and partial
+ones (ranks missing at some steps: the long-form fallbacks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from megascope.analyzer.episodes import cusum_stretches, cusum_stretches_rows
+from megascope.analyzer.peer_stats import (
+    ScoreGrid,
+    kahan_mean,
+    leave_one_out_median,
+    loo_median_rows,
+    noise_sigma,
+    noise_sigma_grid,
+    row_groups,
+)
+from megascope.analyzer.workload_imbalance import _rolling_median
+
+
+def _grid(rng: np.random.Generator, pp: int, dp: int, tp: int, steps: int, missing: float) -> ScoreGrid:
+    ranks = np.arange(pp * dp * tp)
+    present = rng.random((len(ranks), steps)) >= missing
+    present[:, 0] = True  # every rank keeps a row
+    values = np.where(present, rng.lognormal(0, 0.3, (len(ranks), steps)), np.nan)
+    values[rng.random(values.shape) < 0.02] = 1.0  # ties
+    return ScoreGrid(ranks, np.arange(steps) * 2 + 5, present, ranks // (dp * tp), (ranks // tp) % dp, ranks % tp,
+                     np.array([f"h{r // 8}" for r in ranks], dtype=object), {"v": values})
+
+
+def _long(grid: ScoreGrid, values: np.ndarray) -> pd.DataFrame:
+    r, s = np.nonzero(grid.present)
+    return pd.DataFrame({"rank": grid.ranks[r], "step": grid.steps[s], "pp": grid.pp[r], "dp": grid.dp[r],
+                         "v": values[r, s]})
+
+
+@pytest.mark.parametrize("missing", [0.0, 0.2])
+@pytest.mark.parametrize("layout", [(2, 2, 2), (4, 20, 1), (3, 1, 1), (2, 3, 4)])
+def test_leave_one_out_medians_match_the_long_form(layout: tuple[int, int, int], missing: float):
+    rng = np.random.default_rng(sum(layout) + int(missing * 10))
+    grid = _grid(rng, *layout, steps=12, missing=missing)
+    long = _long(grid, grid["v"])
+    for keys, groups in ((["step", "pp"], row_groups(grid.pp)), (["step", "pp", "dp"], row_groups(grid.pp, grid.dp))):
+        want = leave_one_out_median(long, keys, "v").to_numpy()
+        got = loo_median_rows(grid["v"], grid.present, groups)[np.nonzero(grid.present)]
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("missing", [0.0, 0.3])
+def test_noise_sigma_matches_the_long_form(missing: float):
+    rng = np.random.default_rng(7)
+    grid = _grid(rng, 2, 4, 2, steps=30, missing=missing)
+    assert noise_sigma_grid(grid, grid["v"]) == noise_sigma(_long(grid, grid["v"]), "v")
+    few = _grid(rng, 2, 2, 1, steps=2, missing=0.0)   # one difference per rank: the floor
+    assert noise_sigma_grid(few, few["v"]) == noise_sigma(_long(few, few["v"]), "v") == 0.003
+
+
+def test_vectorized_cusum_stretches_match_one_by_one():
+    rng = np.random.default_rng(3)
+    z = rng.normal(0.3, 1.0, (40, 300))
+    z[5, 100:200] += 1.5
+    z[9, 10:60] += 3.0
+    got = cusum_stretches_rows(z, 0.25, 3.0, 10.0)
+    assert got == [cusum_stretches(row, 0.25, 3.0, 10.0) for row in z]
+    assert got[5] and got[9]
+
+
+def test_kahan_mean_matches_a_pandas_groupby_mean():
+    rng = np.random.default_rng(11)
+    vals = rng.normal(size=(16, 500)) * rng.lognormal(0, 4, size=(16, 500))
+    here = rng.random(vals.shape) > 0.1
+    vals[2, 3] = np.nan
+    mean, has = kahan_mean(vals, here)
+    frame = pd.DataFrame({"col": np.tile(np.arange(500), 16), "v": np.where(here, vals, np.nan).ravel()})
+    np.testing.assert_array_equal(mean, frame.groupby("col").v.mean().to_numpy())
+    np.testing.assert_array_equal(has, here.any(axis=0))
+
+
+@pytest.mark.parametrize("window", [2, 4, 5])
+def test_rolling_level_matches_pandas(window: int):
+    rng = np.random.default_rng(window)
+    z = rng.normal(size=(5, 23))
+    ok = np.ones_like(z, dtype=bool)
+    ok[3, [0, 4, 5, 22]] = False
+    got = _rolling_median(z, ok, window)
+    for r in range(len(z)):
+        cols = np.flatnonzero(ok[r])
+        want = pd.Series(z[r, cols]).rolling(window, center=True, min_periods=1).median().to_numpy()
+        np.testing.assert_array_equal(got[r, cols], want)

@@ -286,17 +286,18 @@ def noise_sigma(scores: pd.DataFrame, column: str, key: str | list[str] = "rank"
     if df.empty:
         return floor
     gid = group_ids(df, keys)
-    order = np.lexsort((df.step.to_numpy(), gid))  # each key's steps in order (numpy: 10^6 rows fast)
-    g, v = gid[order], df[column].to_numpy(dtype=float)[order]
-    counts = np.bincount(gid)
-    if (counts == counts[0]).all():
-        # every key seen equally often (a dense series): a keys x steps matrix, medians along its rows
-        # (the same values as the groupbys below, without them: 21.5M p2p link-steps at 12,288 ranks)
-        if counts[0] < 3:
+    steps, values = df.step.to_numpy(), df[column].to_numpy(dtype=float)
+    dense = _dense_matrix(gid, steps, values)
+    if dense is not None:
+        # every key at every step once: a keys x steps matrix, medians along its rows (the same values
+        # as the sort and groupbys below, without them: 21.5M p2p link-steps at 12,288 ranks)
+        if dense.shape[1] < 3:
             return floor
-        d2 = np.diff(v.reshape(len(counts), counts[0]), axis=1)
+        d2 = np.diff(dense, axis=1)
         per_row = 1.4826 * np.median(np.abs(d2 - np.median(d2, axis=1)[:, None]), axis=1) / math.sqrt(2)
         return max(floor, float(np.median(per_row)))
+    order = np.lexsort((steps, gid))  # each key's steps in order (numpy: 10^6 rows fast)
+    g, v = gid[order], values[order]
     same = g[1:] == g[:-1]
     d, gd = np.diff(v)[same], g[1:][same]
     keep = np.bincount(gd, minlength=int(gid.max()) + 1)[gd] >= 2  # keys with two differences or more
@@ -306,6 +307,25 @@ def noise_sigma(scores: pd.DataFrame, column: str, key: str | list[str] = "rank"
     dev = np.abs(d - pd.Series(d).groupby(gd).transform("median").to_numpy())
     per_key = 1.4826 * pd.Series(dev).groupby(gd).median() / math.sqrt(2)
     return max(floor, float(per_key.median()))
+
+
+def _dense_matrix(gid: np.ndarray, steps: np.ndarray, values: np.ndarray) -> np.ndarray | None:
+    """values as a (key, step) matrix, steps ascending, when every key has every step exactly once;
+    else None. Placed by index, not sorted."""
+    counts = np.bincount(gid)
+    if not (counts == counts[0]).all():
+        return None
+    uniq = np.sort(pd.unique(steps))
+    if len(uniq) != counts[0]:
+        return None
+    col = np.searchsorted(uniq, steps)
+    seen = np.zeros((len(counts), len(uniq)), dtype=bool)
+    seen[gid, col] = True
+    if not seen.all():  # a key twice at a step (and so missing another)
+        return None
+    out = np.empty(seen.shape)
+    out[gid, col] = values
+    return out
 
 
 def leave_one_out_median(df: pd.DataFrame, groups: np.ndarray | list[str], col: str, small: int = 16) -> pd.Series:

@@ -90,3 +90,23 @@ def test_rolling_level_matches_pandas(window: int):
         cols = np.flatnonzero(ok[r])
         want = pd.Series(z[r, cols]).rolling(window, center=True, min_periods=1).median().to_numpy()
         np.testing.assert_array_equal(got[r, cols], want)
+
+
+def test_noise_sigma_of_a_dense_shuffled_series_is_the_per_key_statistic():
+    # every (src, dst) link at every step, rows in random order: the matrix path, no sort
+    rng = np.random.default_rng(5)
+    src, dst, step = np.meshgrid(np.arange(6), np.arange(3), np.arange(40) * 3, indexing="ij")
+    df = pd.DataFrame({"src": src.ravel(), "dst": dst.ravel(), "step": step.ravel(),
+                       "v": rng.standard_t(3, src.size) * 0.05}).sample(frac=1.0, random_state=1)
+
+    def by_hand(frame: pd.DataFrame) -> float:
+        per_key = []
+        for _, rows in frame.groupby(["src", "dst"]):
+            d = np.diff(rows.sort_values("step", kind="stable").v.to_numpy())
+            per_key.append(1.4826 * np.median(np.abs(d - np.median(d))) / np.sqrt(2))
+        return max(0.003, float(np.median(per_key)))
+
+    assert noise_sigma(df, "v", key=["src", "dst"]) == by_hand(df)
+    # one link twice at a step: not a matrix; the sorted path, the same statistic
+    dup = pd.concat([df, df.iloc[:1].assign(v=0.9)])
+    assert noise_sigma(dup, "v", key=["src", "dst"]) == by_hand(dup)

@@ -69,6 +69,22 @@ def test_supervisor_detects_a_stall_and_names_the_idle_rank(tmp_path):
     assert stall_suspects({0: {"last_event": waiting}, 1: {"last_event": None}}) == [1]
 
 
+def test_supervisor_judges_stalls_only_once_every_rank_trains(tmp_path):
+    """Start-up (imports, groups, model, restore) is no stall: under CPU contention it outlasted a 5 s
+    stall timeout and the supervisor killed a healthy job before its first step."""
+    sup, killed, _ = make_supervisor(tmp_path)
+    for seq, now in enumerate(range(0, 30)):
+        write_beat(tmp_path, 0, seq, step=0)
+        write_beat(tmp_path, 1, seq, step=-1, status="restoring")  # still starting, 29 s on
+        assert sup.poll(float(now)) is None
+    assert killed == []
+    for seq, now in enumerate(range(30, 42), start=30):
+        write_beat(tmp_path, 0, seq, step=0)
+        write_beat(tmp_path, 1, seq, step=0)  # both train, then make no progress
+        incident = sup.poll(float(now))
+    assert incident is not None and incident["kind"] == "stall"
+
+
 def test_supervisor_records_a_dead_rank_once_and_a_restart(tmp_path):
     dead = {1001}
     sup, killed, _ = make_supervisor(tmp_path, alive=lambda pid: pid not in dead)

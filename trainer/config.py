@@ -150,8 +150,8 @@ class RobustConfig:
     heartbeat_timeout_s: float = 30.0
     """A rank whose heartbeat is older than this is silent: the driver stops the worker group."""
     stall_timeout_s: float = 120.0
-    """No step progress on any rank for this long is a stall (0 = off); keep it above trace.hang_timeout_s so
-    the in-flight records are written before the group is stopped."""
+    """No step progress on any rank for this long, once every rank has begun training, is a stall (0 = off);
+    keep it above trace.hang_timeout_s so the in-flight records are written before the group is stopped."""
     self_check: SelfCheckWhen = "restart"
     """GEMM and bandwidth self-checks: restart (before each automatic restart), always (also at first start) or off."""
     self_check_threshold: float = 0.5

@@ -6,7 +6,10 @@ detects
   dead_rank    a local worker of the current attempt exited without reporting `done` (the elastic
                agent sees the exit too and restarts the group or ends the job; we record why);
   silent_rank  a rank's heartbeat has not changed for heartbeat_timeout_s (frozen process, lost host);
-  stall        no rank changed its step or status for stall_timeout_s (a hang).
+  stall        no rank changed its step or status for stall_timeout_s (a hang), judged once every rank
+               of the attempt has begun its first step: start-up (imports, groups, model, restore,
+               self-check) is bounded by the rendezvous and process-group timeouts, not by this one;
+               under CPU contention it took more than a 5 s stall timeout and was killed as a stall.
 For silent ranks and stalls it stops the worker group by killing this node's workers of the attempt:
 the elastic agent then restarts the group from the latest checkpoint, or ends the job when no
 restarts are left. Every incident is a line in RUN/incidents.jsonl; RUN/health.json holds the
@@ -223,7 +226,7 @@ class Supervisor:
             return self._incident("silent_rank", silent, current,
                                   f"no heartbeat from rank(s) {silent} for more than {timeout:g} s")
         stall = self.robust.stall_timeout_s
-        if stall > 0 and now - self._progress_at > stall:
+        if stall > 0 and now - self._progress_at > stall and _all_training(current, self.world):
             suspects = stall_suspects(current)
             return self._incident("stall", suspects, current,
                                   f"no step progress on any rank for more than {stall:g} s; "
@@ -290,6 +293,12 @@ class Supervisor:
                                "heartbeat_age_s": round(now - self._seen[r].changed_at, 3) if r in self._seen else None,
                                "last_event": b.get("last_event")}
                       for r, b in sorted(current.items())}})
+
+
+def _all_training(beats: dict[int, dict], world: int) -> bool:
+    """Every rank of the world has a heartbeat of this attempt with a step (>= 0): training has begun."""
+    steps = [b.get("step") for b in beats.values()]
+    return len(steps) == world and all(isinstance(step, int) and step >= 0 for step in steps)
 
 
 def stall_suspects(beats: dict[int, dict]) -> list[int]:

@@ -73,7 +73,10 @@ def test_a_plain_run_survives_a_killed_rank(tmp_path):
         deadline = time.monotonic() + 180
         while True:
             ckpt, beat = latest_complete(tmp_path), read_heartbeats(tmp_path).get(2, {})
-            if ckpt is not None and beat.get("step", -1) > ckpt.step:
+            # ckpt.step is the step a resume starts at; rank 2 at that step or later is training past the
+            # checkpoint. (With `>`, a checkpoint every step and heartbeats a beat behind, the condition
+            # could stay false for the whole run: seen once in CI.)
+            if ckpt is not None and beat.get("step", -1) >= ckpt.step:
                 break
             assert time.monotonic() < deadline and driver.poll() is None, "no checkpoint before the end"
             time.sleep(0.05)

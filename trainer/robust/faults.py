@@ -16,9 +16,10 @@ import os
 import signal
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import torch
+if TYPE_CHECKING:  # torch is imported only where a GPU rank needs it: `megascope simulate` parses specs here too
+    import torch
 
 
 class FaultSpecError(ValueError):
@@ -167,11 +168,11 @@ class Faults:
             yield
             return
         if self._gpu_delay is not None:
-            torch.cuda.synchronize()
+            self._gpu_delay.synchronize()
         start = time.perf_counter()
         yield
         if self._gpu_delay is not None:
-            torch.cuda.synchronize()
+            self._gpu_delay.synchronize()
             self._gpu_delay.run((factor - 1.0) * (time.perf_counter() - start))
         else:
             time.sleep((factor - 1.0) * (time.perf_counter() - start))
@@ -206,7 +207,14 @@ class GpuDelay:
         self._out: torch.Tensor | None = None
         self._seconds_per_product = 0.0
 
+    def synchronize(self) -> None:
+        import torch
+
+        torch.cuda.synchronize(self.device)
+
     def run(self, seconds: float) -> None:
+        import torch
+
         if self._a is None:
             self._calibrate()
         assert self._a is not None and self._out is not None
@@ -214,6 +222,8 @@ class GpuDelay:
             torch.mm(self._a, self._a, out=self._out)
 
     def _calibrate(self, products: int = 20) -> None:
+        import torch
+
         self._a = torch.randn(self.SIZE, self.SIZE, device=self.device, dtype=torch.bfloat16)
         self._out = torch.empty_like(self._a)
         torch.mm(self._a, self._a, out=self._out)  # warm-up: cuBLAS handle and kernel choice

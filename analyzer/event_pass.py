@@ -41,8 +41,8 @@ TIMELINE_ALWAYS_RANKS = 2048
 """Runs up to this size always take the timeline pass (its sort is cheap there)."""
 SAMPLE_RANKS = 32
 
-SQL_FILES = ("event_pass_flat", "flat_peer_step", "flat_partials", "collectives", "arrivals", "incomplete",
-             "rank_step_summary", "edge_rank_step", "edge_collectives")
+SQL_FILES = ("event_pass_flat", "flat_peer_step", "flat_partials", "collectives", "group_size", "complete_instances",
+             "arrivals", "incomplete", "rank_step_summary", "edge_rank_step", "edge_collectives")
 """The analyzer's macro library (analyzer/sql/), in definition order (a macro may call those before
 it), defined after the macros the ranks run on their own events too (tracer/sql/, EDGE_SQL)."""
 BATCH_TABLES = ("_batch_rank_step", "_batch_peer_step", "_batch_partials")
@@ -50,10 +50,15 @@ BATCH_TABLES = ("_batch_rank_step", "_batch_peer_step", "_batch_partials")
 PEER_STEP_COLUMNS = ("rank", "step", "peer", "compute_ns", "forward_ns", "backward_ns", "optimizer_ns", "nested_ns",
                      "recv_ns", "collective_ns", "data_wait_ns", "gap_ns", "gap_p2p_ns", "gap_coll_ns", "send_min_ns",
                      "sends", "recv_min_ns", "n_events")
+P2P_STEP_COLUMNS = ("rank", "step", "peer", "sends", "send_min_ns", "recv_min_ns", "gap_p2p_ns")
+"""What the p2p analyses (p2p_links.sql, p2p_stalls.sql) read of the per (rank, step, p2p peer) rows: the
+run-wide table `_p2p_peer_step` keeps only these columns, and only rows of a p2p peer (at 12,288 ranks x
+1,000 steps: 21.5 M rows x 7 columns instead of 33.8 M x 18, which spilled past DuckDB's memory limit)."""
+_P2P_SELECT = ", ".join(f'"{c}"' for c in P2P_STEP_COLUMNS)
 PARTIAL_COLUMNS = ("group", "instance", "seq", "first_step", "op_name", "n_events", "last_rank", "last_issue_ns",
                    "first_issue_ns", "issue_sum_ms", "last_end_ns")
 _TABLES = frozenset({
-    "rank_step", "rank_step_incomplete", "_rank_peer_step", "_collective_partials", "collective_instances",
+    "rank_step", "rank_step_incomplete", "_p2p_peer_step", "_collective_partials", "collective_instances",
     "late_arrivals", "_summary_rank_step", "_summary_rank_step_incomplete", "_summary_partials",
     "_summary_collectives", "_summary_late", "_incomplete_ranges", *BATCH_TABLES})
 """Every table the functions here create, append to or delete from: names are checked against it."""
@@ -87,23 +92,32 @@ class LayoutParams:
     tp: int
     cp: int
     renumber: tuple[int, ...] | None = None
+    pp: int = 1
+    world: int = 0
+    """pp and the ranks in the topology: with dp, tp and cp the sizes of the group instances (group_size.sql)."""
 
     @classmethod
     def of(cls, store: Store) -> LayoutParams:
         topo = store.manifest["topology"]
         dp, tp, cp = int(topo["dp"]), int(topo["tp"]), int(topo.get("cp", 1))  # no cp in run.json: cp = 1
         frame = store.topology
+        pp, world = int(topo.get("pp", 1)), len(frame)
         if is_regular(frame, dp, tp, cp):
-            return cls(dp, tp, cp)
+            return cls(dp, tp, cp, None, pp, world)
         megatron = Layout(dp=dp, tp=tp, pp=1, cp=cp).rank_of(frame.pp, frame.dp, frame.tp, frame["cp"])
         renumber = [-1] * (int(frame["rank"].max()) + 1)
         for rank, m in zip(frame["rank"].astype(int), np.asarray(megatron, dtype=np.int64)):
             renumber[rank] = int(m)
-        return cls(dp, tp, cp, tuple(renumber))
+        return cls(dp, tp, cp, tuple(renumber), pp, world)
 
     def params(self) -> dict[str, Any]:
+        """group_instance.sql's layout parameters."""
         return {"dp": self.dp, "tp": self.tp, "cp": self.cp,
                 "renumber": None if self.renumber is None else list(self.renumber)}
+
+    def sizes(self) -> dict[str, int]:
+        """group_size.sql's parameters."""
+        return {"dp": self.dp, "tp": self.tp, "cp": self.cp, "pp": self.pp, "world": self.world}
 
 
 @dataclass(frozen=True)
@@ -122,13 +136,17 @@ class PassPlan:
 
 @dataclass(frozen=True)
 class PassTables:
-    """Where a pass's batches accumulate (each a name of `_TABLES`); peer_step None: not kept."""
+    """Where a pass's batches accumulate (each a name of `_TABLES`); p2p_step None: not kept."""
     rank_step: str
-    peer_step: str | None
+    p2p_step: str | None
+    """The p2p rows of the batches' per (rank, step, peer) rows, P2P_STEP_COLUMNS only."""
     partials: str
+    """The partial rows of collective instances that span batches, merged after the last batch."""
+    collectives: str
+    """The collective instances: those whole in one batch as it comes, then the merged partials."""
 
 
-EVENT_PASS_TABLES = PassTables("rank_step", "_rank_peer_step", "_collective_partials")
+EVENT_PASS_TABLES = PassTables("rank_step", "_p2p_peer_step", "_collective_partials", "collective_instances")
 
 
 def plan_pass(store: Store, timeline: bool | None = None, first_step: int | None = None) -> PassPlan:
@@ -221,28 +239,58 @@ class LocalEngine:
 def run_batches(store: Store, plan: PassPlan, out: PassTables, engine: Engine | None = None,
                 progress: Progress | None = None, label: str = "scanning events") -> None:
     """The one batch loop: the batch function over every batch of ranks (by `engine`, local by
-    default), each batch's tables appended to `out`'s."""
+    default), each batch's tables appended to `out`'s; then the partials of collective instances that
+    spanned batches are merged into `out.collectives` (merge_partials)."""
     prefixes = store.rank_prefix_batches(BATCH_RANKS)
     batches: list[list[str] | None] = [*prefixes] if prefixes else [None]
-    targets = [(out.rank_step, "_batch_rank_step"), (out.peer_step, "_batch_peer_step"),
-               (out.partials, "_batch_partials")]
     if progress is not None:
         progress(label, 0, len(batches))
     for done, _ in enumerate((engine or LocalEngine()).map_batches(store, batches, plan)):
-        for target, batch in targets:
-            if target is not None:
-                verb = "CREATE OR REPLACE TEMP TABLE {} AS " if done == 0 else "INSERT INTO {} "
-                store.execute(verb.format(_table(target)) + f"SELECT * FROM {_table(batch)}")
+        _append(store, out.rank_step, "SELECT * FROM _batch_rank_step", {}, create=done == 0)
+        if out.p2p_step is not None:
+            _append(store, out.p2p_step, f"SELECT {_P2P_SELECT} FROM _batch_peer_step WHERE peer >= 0", {},
+                    create=done == 0)
+        split_partials(store, "_batch_partials", out, plan, create=done == 0)
         if progress is not None:
             progress(label, done + 1, len(batches))
+    merge_partials(store, out, plan.base)
     for table in (*BATCH_TABLES, "_batch", "_batch_events"):
         store.execute(f"DROP TABLE IF EXISTS {table}")
+
+
+def _append(store: Store, target: str, select: str, params: dict[str, Any], create: bool) -> None:
+    """Append the rows of `select` to the table `target` (`create`: the first rows, (re)create it)."""
+    verb = "CREATE OR REPLACE TEMP TABLE {} AS " if create else "INSERT INTO {} "
+    store.execute(verb.format(_table(target)) + select, params)
+
+
+def split_partials(store: Store, batch: str, out: PassTables, plan: PassPlan, create: bool) -> None:
+    """One batch's partial rows of collective instances (flat_partials.sql's columns): those that hold
+    every member of their instance are finished instances (complete_instances.sql), appended to
+    `out.collectives` as they come; the others wait in `out.partials` for merge_partials. On the
+    12,288-rank x 1,000-step edge run 99.5% of the instances (tensor-parallel groups lie on one host,
+    so in one batch) skip the merge: one 24.7M-group aggregation that spilled past DuckDB's memory
+    limit became 13 batch-sized ones (35 s -> 24 s)."""
+    sizes = plan.layout.sizes()
+    _append(store, out.collectives, "FROM complete_collective_instances($batch, $base, $dp, $tp, $cp, $pp, $world)",
+            {"batch": _table(batch), "base": plan.base, **sizes}, create)
+    _append(store, out.partials, 'SELECT * FROM query_table($batch) '
+            'WHERE n_events IS DISTINCT FROM group_size("group", $dp, $tp, $cp, $pp, $world)',
+            {"batch": _table(batch), **sizes}, create)
+
+
+def merge_partials(store: Store, out: PassTables, base: int) -> None:
+    """Append to `out.collectives` the instances whose members were spread over batches: `out.partials`
+    merged (collectives.sql), then dropped."""
+    store.execute(f"INSERT INTO {_table(out.collectives)} FROM collective_instances_of($partials, $base)",
+                  {"partials": _table(out.partials), "base": int(base)})
+    store.execute(f"DROP TABLE {_table(out.partials)}")
 
 
 # ---- derived tables, by name -------------------------------------------------------------------------
 
 def build_event_pass(store: Store, progress: Progress | None = None, engine: Engine | None = None) -> bool:
-    """Create the temp tables `_rank_peer_step`, `rank_step` and `collective_instances`: per batch of
+    """Create the temp tables `rank_step`, `_p2p_peer_step` and `collective_instances`: per batch of
     ranks, one read of its events (aggregated per rank-step-peer and per collective) and of its steps
     (joined into the batch's rank_step rows), appended to the run-wide tables. The rank-steps of
     damaged segments go to `rank_step_incomplete` instead (drop_incomplete). A run whose ranks wrote
@@ -259,9 +307,7 @@ def build_event_pass(store: Store, progress: Progress | None = None, engine: Eng
         plan = plan_pass(store)
         timeline = plan.timeline
         run_batches(store, plan, EVENT_PASS_TABLES, engine, progress)
-        collective_instances(store, "_collective_partials", "collective_instances", plan.base)
-        store.execute("DROP TABLE _collective_partials")
-    drop_incomplete(store, "rank_step", "_rank_peer_step", "collective_instances")
+    drop_incomplete(store, "rank_step", "_p2p_peer_step", "collective_instances")
     return timeline
 
 
@@ -293,11 +339,12 @@ def edge_summaries_cover(store: Store) -> bool:
 def from_edge_summaries(store: Store, base: int) -> bool:
     """The event pass's tables from the edge summaries, when they cover the run (edge_summaries_cover,
     checked on the rank_step rows read here: one scan of edge_rank_step): rank_step (joined to the
-    topology), _rank_peer_step as written (a table: the p2p analyses scan it three times; as a view
-    of the 24k files at 12,288 x 1,000 those scans took 50 s instead of 26), and collective_instances
-    aggregated in one pass from the ranks' collective rows (edge_collectives.sql: the values of the
-    flat pass's partials merged by collectives.sql). Returns False, leaving no table, when they do not
-    cover it (or a damaged segment was found in them: the raw events are the truth then)."""
+    topology), _p2p_peer_step from the ranks' peer rows (a table: the p2p analyses scan it three times;
+    as a view of the 24k files at 12,288 x 1,000 those scans took 50 s instead of 26), and collective_instances
+    from the ranks' collective rows, per batch of ranks (edge_collectives.sql: the flat pass's partial
+    rows in one aggregation of the batch's members; then split_partials and merge_partials, as the
+    event pass). Returns False, leaving no table, when they do not cover it (or a damaged segment was
+    found in them: the raw events are the truth then)."""
     define_sql(store)
     store.execute("CREATE OR REPLACE TEMP TABLE rank_step AS FROM rank_step_of_edge('edge_rank_step')")
     done = store.query("SELECT count(DISTINCT rank) AS n FROM rank_step WHERE final").n.iloc[0]
@@ -305,22 +352,30 @@ def from_edge_summaries(store: Store, base: int) -> bool:
         store.execute("DROP TABLE rank_step")
         return False
     store.execute("ALTER TABLE rank_step DROP COLUMN final")  # rank_step.sql's columns (instant)
-    store.execute("CREATE OR REPLACE TEMP TABLE _rank_peer_step AS SELECT "
-                  + ", ".join(f'"{c}"' for c in PEER_STEP_COLUMNS) + " FROM edge_peer_step")
-    store.execute("CREATE OR REPLACE TEMP TABLE collective_instances AS "
-                  "FROM collective_instances_of_members('edge_collectives', $base, $dp, $tp, $cp, $renumber)",
-                  {"base": int(base), **LayoutParams.of(store).params()})
+    store.execute(f"CREATE OR REPLACE TEMP TABLE _p2p_peer_step AS SELECT {_P2P_SELECT} FROM edge_peer_step "
+                  "WHERE peer >= 0")
+    plan = PassPlan(int(base), True, False, LayoutParams.of(store))
+    batches: list[list[str] | None] = [*(store.rank_prefix_batches(BATCH_RANKS, ("edge_collectives",)) or [None])]
+    for i, prefixes in enumerate(batches):
+        store.run_with_retry(lambda: _edge_partials(store, prefixes, plan))
+        split_partials(store, "_batch_partials", EVENT_PASS_TABLES, plan, create=i == 0)
+    merge_partials(store, EVENT_PASS_TABLES, plan.base)
+    store.execute("DROP TABLE _batch_partials")
     if store.damaged:  # found in edge_collectives: a member's rows are missing
-        for name in ("rank_step", "_rank_peer_step", "collective_instances"):
+        for name in ("rank_step", "_p2p_peer_step", "collective_instances"):
             store.execute(f"DROP TABLE {_table(name)}")
         return False
     return True
 
 
-def collective_instances(store: Store, partials: str, out: str, base: int) -> None:
-    """`out` = one row per collective op instance, merged from the batches' partial rows (collectives.sql)."""
-    store.execute(f"CREATE OR REPLACE TEMP TABLE {_table(out)} AS FROM collective_instances_of($partials, $base)",
-                  {"partials": _table(partials), "base": int(base)})
+def _edge_partials(store: Store, prefixes: list[str] | None, plan: PassPlan) -> None:
+    """`_batch_partials` from the edge_collectives rows of one batch of ranks (raw DuckDB calls: the
+    action of run_with_retry, rebuilt when a damaged segment is dropped)."""
+    store.source_view("_batch_collectives_src", "edge_collectives", patterns=prefixes)
+    store.con.execute("CREATE OR REPLACE TEMP TABLE _batch_partials AS FROM collective_partials_of_members("
+                      "'_batch_collectives_src', $base, $dp, $tp, $cp, $renumber)",
+                      {"base": plan.base, **plan.layout.params()})
+    store.con.execute("DROP VIEW _batch_collectives_src")
 
 
 def late_arrivals(store: Store, collectives: str = "collective_instances", out: str = "late_arrivals") -> None:
@@ -330,9 +385,9 @@ def late_arrivals(store: Store, collectives: str = "collective_instances", out: 
                   {"collectives": _table(collectives), "min_s": MIN_LATENESS_S})
 
 
-def drop_incomplete(store: Store, rank_step: str, peer_step: str | None, collectives: str) -> int:
+def drop_incomplete(store: Store, rank_step: str, p2p_step: str | None, collectives: str) -> int:
     """Move the rank-steps a damaged events or steps segment may have held (Store.incomplete_ranges)
-    out of `rank_step` into `<rank_step>_incomplete`, and delete their p2p rows (`peer_step`, either
+    out of `rank_step` into `<rank_step>_incomplete`, and delete their p2p rows (`p2p_step`, either
     end) and the collective instances they were members of (incomplete.sql), so no detector judges a
     rank on part of its events. Returns the number of rank-step rows moved."""
     rank_step, collectives = _table(rank_step), _table(collectives)
@@ -349,8 +404,8 @@ def drop_incomplete(store: Store, rank_step: str, peer_step: str | None, collect
               "AND r.step BETWEEN i.first_step AND i.last_step)")
     store.execute(f"CREATE OR REPLACE TEMP TABLE {moved} AS SELECT * FROM {rank_step} r WHERE {within}")
     store.execute(f"DELETE FROM {rank_step} r WHERE {within}")
-    if peer_step is not None:  # both ends of a p2p link must be complete
-        store.execute(f"""DELETE FROM {_table(peer_step)} p WHERE EXISTS (SELECT 1 FROM _incomplete_ranges i
+    if p2p_step is not None:  # both ends of a p2p link must be complete
+        store.execute(f"""DELETE FROM {_table(p2p_step)} p WHERE EXISTS (SELECT 1 FROM _incomplete_ranges i
             WHERE (i.rank = p.rank OR i.rank = p.peer) AND p.step BETWEEN i.first_step AND i.last_step)""")
     store.execute(f"""DELETE FROM {collectives} c WHERE EXISTS (
         SELECT 1 FROM incomplete_collectives('_incomplete_ranges', $groups, $dp, $tp, $cp, $renumber) k

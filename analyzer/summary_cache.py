@@ -47,7 +47,7 @@ FORMAT_VERSION = 2
 """2: rank-steps of damaged segments are left out (event_pass.drop_incomplete); v1 summaries held them."""
 MAX_PARTS = 32
 GC_AGE_S = 600.0
-SUMMARY_TABLES = ep.PassTables("_summary_rank_step", None, "_summary_partials")
+SUMMARY_TABLES = ep.PassTables("_summary_rank_step", None, "_summary_partials", "_summary_collectives")
 """Where the extension's batches accumulate (the Run's own tables are left alone)."""
 
 
@@ -195,7 +195,6 @@ def _rebuild_from(store: Store, first: int, timeline: bool, progress=None) -> No
     into private tables: the Run's own rank_step and collective_instances are left alone."""
     plan = ep.plan_pass(store, timeline=timeline, first_step=first)
     ep.run_batches(store, plan, SUMMARY_TABLES, progress=progress, label="updating the rank-step summary")
-    ep.collective_instances(store, "_summary_partials", "_summary_collectives", plan.base)
     ep.drop_incomplete(store, "_summary_rank_step", None, "_summary_collectives")
     ep.late_arrivals(store, "_summary_collectives", "_summary_late")
     _summary_rows(store, "_summary_rank_step", "_summary_late", first)

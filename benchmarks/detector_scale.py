@@ -24,7 +24,7 @@ from pathlib import Path
 
 from megascope.analyzer.run import Run
 
-TABLES = ("rank_step", "_rank_peer_step", "collective_instances", "late_arrivals", "rank_step_incomplete")
+TABLES = ("rank_step", "_p2p_peer_step", "collective_instances", "late_arrivals", "rank_step_incomplete")
 DETECTORS = ("StragglerDetector", "FlapDetector", "WorkloadImbalanceDetector")
 
 

@@ -29,7 +29,7 @@ from megascope.tracer.schema import EDGE, EVENTS, STEPS
 from megascope.tracer.sink import ParquetSegmentSink
 from tests.test_analyzer_restarts import runs  # noqa: F401 - the restarted runs fixture
 
-TABLE_KEYS = {"rank_step": ["rank", "step"], "_rank_peer_step": ["rank", "step", "peer"],
+TABLE_KEYS = {"rank_step": ["rank", "step"], "_p2p_peer_step": ["rank", "step", "peer"],
               "collective_instances": ["group", "instance", "seq"]}
 """The event pass's tables (analyzer/event_pass.py build_event_pass) and the keys they are sorted by."""
 
@@ -226,10 +226,13 @@ def test_a_failed_summary_write_is_retried_and_the_raw_batch_written_once(one_ra
 
 # ---- the central merge of the ranks' collective rows ------------------------------------------------
 
-def test_one_aggregation_of_the_members_equals_the_flat_partials_merge():
-    """edge_collectives.sql (one aggregation of every member's row) gives collectives.sql's rows merged
-    from flat_partials.sql's per-batch partials, on members of tp, dp, pp and world ops split over
-    batches, with ties (the higher rank arrived last), issues before the epoch and an unmatched group."""
+def test_member_partials_and_the_complete_shortcut_equal_the_flat_partials_merge():
+    """edge_collectives.sql (one aggregation of a batch's member rows) gives flat_partials.sql's rows for
+    the batch; a batch's partials that hold a whole group instance taken as finished instances
+    (complete_instances.sql) and the rest merged (collectives.sql), as event_pass.split_partials and
+    merge_partials do, give collectives.sql's merge of every partial. On members of tp, dp, pp and
+    world ops over batches that hold some tp groups whole and split the others, with ties (the higher
+    rank arrived last), issues before the epoch and an unmatched group."""
     import duckdb
     import numpy as np
 
@@ -256,13 +259,29 @@ def test_one_aggregation_of_the_members_equals_the_flat_partials_merge():
     con.register("members_df", members)
     con.execute("CREATE TABLE m AS SELECT *, 6::UTINYINT AS role FROM members_df")
     layout = {"base": -3_600_000_000_000, "dp": dp, "tp": tp, "cp": 1, "renumber": None}
-    for i, (lo, hi) in enumerate(((0, 5), (5, 11), (11, 16))):  # batches that split groups of every kind
-        con.execute(f"CREATE OR REPLACE VIEW b AS FROM m WHERE rank >= {lo} AND rank < {hi}")
-        verb = "CREATE TABLE p AS " if i == 0 else "INSERT INTO p "
-        con.execute(verb + "FROM flat_partials('b', $base, $dp, $tp, $cp, $renumber)", layout)
+    sizes = {"dp": dp, "tp": tp, "cp": 1, "pp": pp, "world": dp * tp * pp}
     keys = ["group", "instance", "seq"]
+    # batches 0-4 and 11-15 hold two tp and two dp groups whole; 5-10 splits two tp groups; pp and world span all
+    for i, (lo, hi) in enumerate(((0, 5), (5, 11), (11, 16))):
+        con.execute(f"CREATE OR REPLACE VIEW b AS FROM m WHERE rank >= {lo} AND rank < {hi}")
+        flat = con.execute("FROM flat_partials('b', $base, $dp, $tp, $cp, $renumber)", layout).df()
+        edge = con.execute("FROM collective_partials_of_members('b', $base, $dp, $tp, $cp, $renumber)", layout).df()
+        flat, edge = (f.sort_values(keys).reset_index(drop=True) for f in (flat, edge))
+        pd.testing.assert_frame_equal(edge, flat, check_exact=False, rtol=1e-12)
+        con.register("batch_df", edge)
+        verb = "CREATE TABLE {} AS " if i == 0 else "INSERT INTO {} "
+        con.execute(verb.format("p") + "FROM batch_df")
+        con.execute(verb.format("done") + "FROM complete_collective_instances('batch_df', $base, $dp, $tp, $cp, $pp, "
+                    "$world)", {"base": layout["base"], **sizes})
+        con.execute(verb.format("rest") + "SELECT * FROM batch_df "
+                    'WHERE n_events IS DISTINCT FROM group_size("group", $dp, $tp, $cp, $pp, $world)', sizes)
+        con.unregister("batch_df")
+    # whole in a batch: the tp groups 0-3 and 12-15 (3 ops x 3 steps each), the dp groups {0, 4} and {11, 15}
+    # (2 ops x 3 steps each)
+    assert con.execute("SELECT count(*) FROM done").fetchone()[0] == 2 * 9 + 2 * 6
+    con.execute("INSERT INTO done FROM collective_instances_of('rest', $base)", {"base": layout["base"]})
     merged = con.execute("FROM collective_instances_of('p', $base)", {"base": layout["base"]}).df()
-    direct = con.execute("FROM collective_instances_of_members('m', $base, $dp, $tp, $cp, $renumber)", layout).df()
+    direct = con.execute("FROM done").df()
     merged, direct = (f.sort_values(keys).reset_index(drop=True) for f in (merged, direct))
     assert set(direct["group"]) == {"tp", "dp", "pp", "world"} and len(direct) == 3 * (4 * 3 + 8 * 2 + 8 + 1)
     pd.testing.assert_frame_equal(direct, merged, check_exact=False, rtol=1e-12)

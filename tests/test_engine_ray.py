@@ -91,7 +91,7 @@ def _tables(run: Run) -> dict[str, pd.DataFrame]:
     q = run.store.query
     return {"rank_step": q("SELECT * FROM rank_step ORDER BY rank, step"),
             "rank_step_incomplete": q("SELECT * FROM rank_step_incomplete ORDER BY rank, step"),
-            "peer_step": q("SELECT * FROM _rank_peer_step ORDER BY rank, step, peer"),
+            "peer_step": q("SELECT * FROM _p2p_peer_step ORDER BY rank, step, peer"),
             "collectives": q('SELECT * FROM collective_instances ORDER BY "group", instance, seq'),
             "late": q("SELECT * FROM late_arrivals ORDER BY rank, step")}
 

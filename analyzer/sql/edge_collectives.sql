@@ -1,18 +1,16 @@
--- collective_instances_of_members(member_rows, base, dp, tp, cp, renumber): collectives.sql's rows (one per
--- collective op instance) straight from one row per member, in one aggregation: the summaries-at-the-edge
--- path, where every member's row is in the same relation (the ranks' edge_collectives), so the flat pass's
--- per-batch partials (flat_partials.sql) and their merge (collectives.sql) would be two aggregations of
--- the same groups (on 12,288 ranks x 1,000 steps: 221 M rows into 24.7 M instances). The values are those
--- of collective_instances_of over a single partial, expression for expression. The key is integers (a
--- group code, not the name), and the last arrival is one HUGEINT max of (issue, rank) instead of an
--- arg_max over a struct: the same tie rule (the higher rank), several times cheaper per row. Collectives
--- of groups not matched across ranks (group_instance NULL) are left out.
+-- collective_partials_of_members(member_rows, base, dp, tp, cp, renumber): flat_partials.sql's rows (one per
+-- collective op instance, over the members in `member_rows`) straight from one row per member: the
+-- summaries-at-the-edge path, where the ranks wrote their own collective rows (edge_collectives). The
+-- values are flat_partials' expression for expression; the key is integers (a group code, not the
+-- name), and the last arrival is one HUGEINT max of (issue, rank) instead of an arg_max over a struct:
+-- the same tie rule (the higher rank), several times cheaper per row. Collectives of groups not matched
+-- across ranks (group_instance NULL) are left out.
 --   member_rows VARCHAR      -- name of the member rows' relation (rank, step, "group", seq, op_name,
 --                               start_ns, end_ns: tracer/schema.py EDGE_COLLECTIVES)
 --   base BIGINT              -- the time origin, ns (event_pass.run_start_ns)
 --   dp, tp, cp, renumber     -- the layout, as group_instance.sql takes it
--- Columns: collectives.sql's, with its types.
-CREATE OR REPLACE TEMP MACRO collective_instances_of_members(member_rows, base, dp, tp, cp, renumber) AS TABLE
+-- Columns: flat_partials.sql's, with its types.
+CREATE OR REPLACE TEMP MACRO collective_partials_of_members(member_rows, base, dp, tp, cp, renumber) AS TABLE
 WITH _member AS (
     SELECT rank, step, seq, op_name, start_ns, end_ns,
         -- group_instance's groups, coded so the key compares integers (unmatched groups: NULL, left out)
@@ -22,9 +20,9 @@ WITH _member AS (
     FROM query_table(member_rows)
 ), _instance AS (
     SELECT gcode, instance, seq,
-        min(step) AS step,
-        any_value(op_name) AS name,
-        count(*) AS n,
+        min(step) AS first_step,
+        any_value(op_name) AS op_name,
+        count(*) AS n_events,
         -- (issue, rank) as one number, issue * 2^32 + rank (0 <= rank < 2^32): its max is the latest issue,
         -- then the higher rank; the issue and the rank are its high and low bits
         max(start_ns::HUGEINT * 4294967296 + rank) AS last_key,
@@ -34,13 +32,10 @@ WITH _member AS (
     FROM _member
     WHERE instance IS NOT NULL
     GROUP BY gcode, instance, seq
-), _last AS (
-    SELECT *, (last_key >> 32)::BIGINT AS last_issue_ns FROM _instance
 )
-SELECT ['dp', 'tp', 'pp', 'embedding', 'cp', 'world'][gcode + 1] AS "group", instance, seq, step, name,
-    n::HUGEINT AS members,
+SELECT ['dp', 'tp', 'pp', 'embedding', 'cp', 'world'][gcode + 1] AS "group", instance, seq, first_step, op_name,
+    n_events,
     (last_key & 4294967295)::INTEGER AS last_rank,
-    (last_issue_ns - base) / 1e9 - issue_sum_ms / 1e3 / n AS lateness_s,
-    (last_issue_ns - first_issue_ns) / 1e9 AS skew_s,
-    greatest(last_end_ns - last_issue_ns, 0) / 1e9 AS effective_s
-FROM _last
+    (last_key >> 32)::BIGINT AS last_issue_ns,
+    first_issue_ns, issue_sum_ms, last_end_ns
+FROM _instance

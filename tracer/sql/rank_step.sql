@@ -1,8 +1,8 @@
 -- rank_step_of(steps, peer_step, first_step, residual_gaps): one row per rank and step, where the rank's
 -- time went (the base of most analyses; the run's table is `rank_step`).
 -- Built from the event pass's per (rank, step, p2p peer) rows (event_pass.sql / flat_peer_step.sql; the
--- run's are _rank_peer_step, which p2p_links.sql reads too), joined to steps rows and `topology`. Run per
--- batch of ranks (event_pass.py: each batch's steps and rows, appended to the run's table `rank_step`).
+-- run keeps their p2p rows as _p2p_peer_step, for the p2p analyses), joined to steps rows and `topology`.
+-- Run per batch of ranks (event_pass.py: each batch's steps and rows, appended to the run's table `rank_step`).
 --   steps VARCHAR        -- name of the steps relation (tracer.schema.STEPS; only the columns below are read)
 --   peer_step VARCHAR    -- name of the per (rank, step, peer) rows
 --   first_step BIGINT    -- only steps >= first_step (the summary cache's extension of a live run)

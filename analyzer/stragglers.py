@@ -39,7 +39,13 @@ from megascope.analyzer.episodes import (
 )
 from megascope.analyzer.finding_merge import merge_hosts, merge_tp_groups
 from megascope.analyzer.findings import Finding, hosts_of
-from megascope.analyzer.peer_stats import ScoreGrid, noise_sigma, noise_sigma_grid, rank_step_scores
+from megascope.analyzer.peer_stats import (
+    ScoreGrid,
+    loo_median_rows,
+    noise_sigma,
+    noise_sigma_grid,
+    rank_step_scores,
+)
 from megascope.analyzer.store import Store
 
 ONSET_SHARE = 0.6
@@ -123,9 +129,28 @@ class StragglerDetector:
         findings = merge_tp_groups(merge_hosts(slow + late, store.topology), grid.members())
         return findings + self._imbalance(store, grid, sigma)
 
-    def null_rate(self, grid: ScoreGrid, flag: np.ndarray) -> float:
-        """The run's own rate of flagged rank-steps: the median over ranks (the culprits do not move it)."""
-        return max(self.cfg.min_null_rate, float(np.median(grid.per_rank_mean(flag))))
+    def null_rate(self, grid: ScoreGrid, flag: np.ndarray) -> np.ndarray:
+        """Per rank (grid row): the run's own rate of flagged rank-steps among the OTHER ranks, the median
+        of their per-rank rates (peer_stats.loo_median_rows' rule: exact up to 16 ranks, the plain
+        median beyond, where one rank does not move it). A median that counts the rank judged is no
+        null: with two ranks per run (dp=2) it is the mean of culprit and victim, and a real dp2 run with
+        rank 1 2.0-2.4x slower on steps 4-9 of 10 was dismissed as chance (its 6 flags put the pooled
+        rate at 0.35, 0.35^6 x 20 rank-steps = 0.04; the victim's own rate, 0.1: 2e-5)."""
+        per_rank = grid.per_rank_mean(flag)[:, None]
+        others = loo_median_rows(per_rank, np.ones(per_rank.shape, dtype=bool), [np.arange(len(per_rank))])[:, 0]
+        # a lone rank has no others (no peers, no scores either): its own rate
+        rate = np.where(np.isnan(others), per_rank[:, 0], others)
+        # a rate measured on n rank-steps resolves no finer than 1/n: no flag among the other rank's 9
+        # steps is no evidence of a rate below 1/9 (a real clean dp2 run under 60% foreign CPU load gave
+        # its rank 1 3 flagged own-time steps right after warm-up: at the floor of 1% they were a late
+        # launch, 0.01^3 x 18; at 1/9, 0.025: chance). Runs of >= 100 rank-steps are not moved by it.
+        n_steps = grid.present.sum(axis=1)
+        n_others = np.maximum(1, n_steps.sum() - n_steps)
+        return np.maximum(np.maximum(self.cfg.min_null_rate, 1.0 / n_others), rate)
+
+    def rank_rate(self, grid: ScoreGrid, rates: np.ndarray, rank: int) -> float:
+        """The null_rate of `rank` (its grid row)."""
+        return float(rates[int(np.searchsorted(grid.ranks, rank))])
 
     def by_chance(self, k: int, n: int, rate: float) -> bool:
         """Could k flagged steps among n arise by chance somewhere in this run (cfg.chance_alpha)?"""
@@ -249,7 +274,8 @@ class StragglerDetector:
         gross_rate = self.null_rate(grid, gross)
         for rank, rows in self._candidates(grid, flag, cfg.persist_steps):
             ep = self.episode(rows, "work_s", sigma, max_gap=cfg.max_gap, min_count=cfg.persist_steps,
-                              null_rate=rate, gross_rate=gross_rate)
+                              null_rate=self.rank_rate(grid, rate, rank),
+                              gross_rate=self.rank_rate(grid, gross_rate, rank))
             if ep is not None and self._own_slowdown(ep):
                 episodes[int(rank)] = ep
         for rank, ep in self._sustained(grid, sigma, set(episodes)).items():
@@ -386,12 +412,13 @@ class StragglerDetector:
             # for short pauses in long steps, the host gaps alone in seconds
             measure = "own_s"
             ep = self.episode(rows, "own_s", own_sigma, max_gap=cfg.max_gap, min_count=cfg.late_min_count,
-                              z_flag=cfg.z_late, null_rate=own_rate, gross_rate=gross_rate)
+                              z_flag=cfg.z_late, null_rate=self.rank_rate(grid, own_rate, rank),
+                              gross_rate=self.rank_rate(grid, gross_rate, rank))
             if ep is None:
                 measure = "gap_s"
                 gap_excess = rows.gap_s - rows.ref_gap_s
                 ep = self.stretch(rows, gap_excess, gap_min, gap_excess > 0, gap_sigma, cfg.late_max_period,
-                                  cfg.late_min_count, periodic=True, null_rate=gap_rate)
+                                  cfg.late_min_count, periodic=True, null_rate=self.rank_rate(grid, gap_rate, rank))
             if ep is None:
                 continue
             sel = ep.rows

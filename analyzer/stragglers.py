@@ -248,7 +248,14 @@ class StragglerDetector:
                 if onset - k > step_gap:
                     break
                 onset = k
-            return onset
+            if int((ok & (steps < onset)).sum()) >= 2:
+                return onset
+            # the stretch reached back into the steps that made its history: < 2 are left before the
+            # onset, so the rank was slow from the start and needs z_start (two real clean dp2 runs under
+            # 44-58% foreign CPU: a rank 6-8% above its one peer on every step but the first, which was
+            # off (the peer slow there), split after 2 steps and taken back to step 1)
+            level = float(x[flag & steps.between(onset, last)].median())
+            return onset if level >= cfg.z_start * sigma else None
         level = float(x[flag & steps.between(first, last)].median())
         if first in shifts or level < cfg.z_start * sigma:
             return None  # it had a history and did not shift; or too small to call without one

@@ -6,11 +6,11 @@ With two ranks the run's flag rate was the median over both, i.e. the mean of cu
 culprit's own 6 flagged steps made them look like chance (0.35^6 x 20 rank-steps = 0.04 > 0.01) and
 this gross straggler went unreported (stragglers.StragglerDetector.null_rate).
 
-Measured on this 2-core box under other engineers' load (foreign CPU 1-61%), per run of 10 steps:
-noise sigma 0.014-0.21; rank 1's score on steps 4-9 0.51-1.37 (threshold 2 sigma <= 0.42); found 10 of
-10, onset 4 every time (0 of 6 before the fix); 21 clean runs gave no finding but one, at 58% foreign
-CPU: rank 0 a steady 6% above rank 1 at sigma 0.014 (a real asymmetry of an oversubscribed host, which
-the guard below skips as test_analyzer_real does).
+Measured on this 2-core box under other engineers' load (foreign CPU 0-61%), runs of 10 steps: noise
+sigma 0.014-0.33; rank 1's score on steps 4-9 >= 0.44 (threshold 2 sigma, <= 0.66); found on 19 of 19
+runs (0 of 19 before the fix), onset 4 on 18, 3 once; 32 clean runs gave one finding, at 58% foreign
+CPU: rank 0 a steady 6.5% above rank 1 from step 1 at sigma 0.014 (4.5 sigma: a real asymmetry of an
+oversubscribed host, which the guard below skips as test_analyzer_real does).
 """
 
 import os

@@ -110,7 +110,7 @@ class FlapDetector:
             # there a link shows as both ends stalled before their transfers (_stalls)
             return []
         store.execute(load_sql("p2p_links"))
-        series = store.query(load_sql("p2p_series"))
+        series = store.frame(load_sql("p2p_series"))
         if warm:
             series = series[~series.step.isin(warm)]
         bad = self._degraded(series, ["src", "dst"], "floor_s", warm)
@@ -120,7 +120,7 @@ class FlapDetector:
 
     def _stalls(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: set[int]) -> list[Finding]:
         c = self.cfg
-        st = store.query(load_sql("p2p_stalls"))
+        st = store.frame(load_sql("p2p_stalls"))
         st = st[~st.step.isin(warm)]
         if st.empty:
             return []
@@ -170,7 +170,7 @@ class FlapDetector:
             # tracer event or sweep, up to ms later), so end - last arrival is not the group's transfer
             # time (a clean real run gave a false dp-group "flap" of +0.9 ms)
             return []
-        bad = self._degraded(store.query(load_sql("collective_series")), ["group", "instance", "name"],
+        bad = self._degraded(store.frame(load_sql("collective_series")), ["group", "instance", "name"],
                              "effective_s", warm)
         if bad.empty:
             return []

@@ -314,6 +314,12 @@ class Store:
     def query(self, sql: str, params: dict | list | None = None) -> pd.DataFrame:
         return self.run_with_retry(lambda: self.con.execute(sql, params or {}).df())
 
+    def frame(self, sql: str, params: dict | list | None = None) -> pd.DataFrame:
+        """`query` through Arrow, for long numeric results: ~3.5x faster than `query` on the flap
+        detector's 21.5 M link-steps (0.5 s against 1.7-2.0 s); not for HUGEINT columns (they would come
+        back as Decimal objects)."""
+        return self.run_with_retry(lambda: self.con.sql(sql, params=params or {}).to_arrow_table().to_pandas())
+
     def execute(self, sql: str, params: dict | list | None = None) -> None:
         self.run_with_retry(lambda: self.con.execute(sql, params or {}))
 

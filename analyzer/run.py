@@ -24,7 +24,7 @@ from megascope.analyzer.incidents import read_incidents, recovery_times
 from megascope.analyzer.mfu import MfuTimeline, mfu_timeline
 from megascope.analyzer.self_check_records import read_self_checks
 from megascope.analyzer.step_graph import build_step_graph, dependency_edges, events_window
-from megascope.analyzer.store import Store, load_sql
+from megascope.analyzer.store import DETECT_MEMORY_LIMIT, Store, load_sql
 from megascope.analyzer.stragglers import StragglerDetector
 from megascope.analyzer.summary_cache import SummaryState, ensure_summary
 from megascope.analyzer.watch_live import FINDINGS_FILE, LiveFinding, read_live_findings
@@ -197,9 +197,10 @@ class Run:
         out: list[Finding] = []
         hang = self.hang()
         total = len(self.detectors) + 1
-        for i, det in enumerate(self.detectors):
-            self.progress("detecting", i + 1, total)
-            out += det.detect(self.store)
+        with self.store.memory_limited(DETECT_MEMORY_LIMIT):
+            for i, det in enumerate(self.detectors):
+                self.progress("detecting", i + 1, total)
+                out += det.detect(self.store)
         out = drop_explained(out, self.topology)
         if hang is not None:
             out.insert(0, hang.to_finding(self.topology, len(self.topology)))

@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any, Callable
@@ -64,10 +66,20 @@ def _segments(root: Path, table: str) -> list[str]:
     return sorted(out)
 
 
+MEMORY_LIMIT = "2.5GB"
+"""DuckDB's memory while it builds the derived tables (the event pass's aggregations); past it, it spills
+to its temp directory."""
+DETECT_MEMORY_LIMIT = "1GB"
+"""DuckDB's memory while the detectors run (Store.memory_limited): their rank x step arrays live in
+Python (1.6-1.8 GB at 12,288 ranks x 1,000 steps) and DuckDB's cache of the derived tables added its full
+2.5 GB to them (peak 4.9 GB). Their SQL needs less: the flap detector's, the largest, ran at 1 GB there;
+a query that needs more gets MEMORY_LIMIT back (Store.run_with_retry)."""
+
+
 class Store:
     """One DuckDB connection with the run's views; `query` returns pandas DataFrames."""
 
-    def __init__(self, path: str | Path, threads: int | None = None, memory_limit: str = "2.5GB") -> None:
+    def __init__(self, path: str | Path, threads: int | None = None, memory_limit: str = MEMORY_LIMIT) -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise RunOpenError(f"{self.path} does not exist; pass a run directory (the --run-dir of a "
@@ -91,6 +103,9 @@ class Store:
         # interactive one: it would land in `analyze --json`'s report (the CLI prints its own progress)
         self.con.execute("SET enable_progress_bar=false")
         # bounded memory: past this DuckDB spills aggregations to disk instead of growing
+        self.memory_limit = memory_limit
+        self._limit = memory_limit
+        """The limit now: memory_limit, or lower inside memory_limited."""
         self.con.execute(f"SET memory_limit='{memory_limit}'")
         self._spill = tempfile.TemporaryDirectory(prefix="megascope-duckdb-")
         self.con.execute(f"SET temp_directory='{self._spill.name}'")
@@ -159,7 +174,8 @@ class Store:
 
     def run_with_retry(self, action: Callable[[], Any], attempts: int = 50) -> Any:
         """Run `action`; when DuckDB names a damaged segment, drop it from its view and retry (the
-        remade view can trip on the next damaged file: that one is dropped the same way)."""
+        remade view can trip on the next damaged file: that one is dropped the same way); when it runs
+        out of memory under a lowered limit (memory_limited), retry with the full limit."""
         stale: set[str] = set()
         for _ in range(attempts):
             try:
@@ -167,6 +183,10 @@ class Store:
                     self._make_view(table)
                     stale.discard(table)
                 return action()
+            except duckdb.OutOfMemoryException:
+                if self._limit == self.memory_limit:
+                    raise
+                self._set_limit(self.memory_limit)
             except _DUCKDB_DATA_ERRORS as exc:
                 bad = self._culprit_file(str(exc))
                 if bad is None:
@@ -314,11 +334,31 @@ class Store:
     def query(self, sql: str, params: dict | list | None = None) -> pd.DataFrame:
         return self.run_with_retry(lambda: self.con.execute(sql, params or {}).df())
 
+    @contextmanager
+    def memory_limited(self, limit: str) -> Iterator[None]:
+        """DuckDB's memory limit lowered to `limit` for work whose big arrays live in Python: the blocks
+        of the derived tables it holds past the limit go to its temp directory at once (1.4 GB in ~1 s),
+        so the process does not hold both; set back after. A limit it cannot reach is left as it was,
+        and a query that runs out of memory under it is run again with the full limit (run_with_retry)."""
+        try:
+            self._set_limit(limit)
+        except duckdb.Error:
+            pass  # it could not spill enough: it keeps its share
+        try:
+            yield
+        finally:
+            self._set_limit(self.memory_limit)
+
+    def _set_limit(self, limit: str) -> None:
+        self.con.execute(f"SET memory_limit='{limit}'")
+        self._limit = limit
+
     def frame(self, sql: str, params: dict | list | None = None) -> pd.DataFrame:
         """`query` through Arrow, for long numeric results: ~3.5x faster than `query` on the flap
-        detector's 21.5 M link-steps (0.5 s against 1.7-2.0 s); not for HUGEINT columns (they would come
-        back as Decimal objects)."""
-        return self.run_with_retry(lambda: self.con.sql(sql, params=params or {}).to_arrow_table().to_pandas())
+        detector's 21.5 M link-steps (0.5 s against 1.7-2.0 s); streamed, so the result is not also held
+        in DuckDB's memory; not for HUGEINT columns (they would come back as Decimal objects)."""
+        return self.run_with_retry(
+            lambda: self.con.sql(sql, params=params or {}).to_arrow_reader(1 << 20).read_all().to_pandas())
 
     def execute(self, sql: str, params: dict | list | None = None) -> None:
         self.run_with_retry(lambda: self.con.execute(sql, params or {}))

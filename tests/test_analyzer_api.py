@@ -103,3 +103,21 @@ def test_corrupt_and_truncated_segments_are_skipped(simulated_run):
     assert set(run.events((0, 3))["rank"]) == {0, 2, 3}
     assert run.mfu().per_step.step.tolist() == [0, 1, 2, 3]
     run.findings()
+
+
+def test_memory_limited_yields_duckdb_memory_and_takes_it_back_for_a_query_that_needs_it(run):
+    """Store.memory_limited (the detectors' phase): DuckDB's limit is lowered inside and restored after;
+    a query that runs out of memory under the lower limit (a list aggregate of 2M integers: 16 MB,
+    which cannot spill, at 4 MB) runs again with the full limit instead of failing the analysis."""
+    store = run.store
+    limit = "SELECT current_setting('memory_limit') AS v"
+    full = store.query(limit).v.iloc[0]
+    with store.memory_limited("4MB"):
+        assert store.query(limit).v.iloc[0] != full
+        rows = store.query("SELECT list(i) AS l FROM range(2000000) t(i)")
+        assert len(rows.l.iloc[0]) == 2_000_000
+        assert store.query(limit).v.iloc[0] == full  # taken back for the rest of the phase
+    assert store.query(limit).v.iloc[0] == full
+    with store.memory_limited("4MB"):
+        pass
+    assert store.query(limit).v.iloc[0] == full

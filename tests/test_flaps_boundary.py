@@ -30,8 +30,8 @@ def _degraded_share(run: Run, lo: int) -> float:
     """Share of the link-steps between stages lo and lo+1 that pass the per-step test alone."""
     store = run.store
     store.execute(load_sql("p2p_links"))
-    series = store.query(load_sql("p2p_series"))
-    bad = FlapDetector()._degraded(series, ["src", "dst"], "floor_s", set())   # the run's noise: all links
+    series = store.query(load_sql("p2p_series"), {"warm": []})
+    bad = FlapDetector()._degraded(series, ["src", "dst"], "floor_s")   # the run's noise: all links
     pp = store.topology.set_index("rank").pp
 
     def on_boundary(rows):

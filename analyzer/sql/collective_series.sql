@@ -1,5 +1,6 @@
 -- collective_series: per collective group instance and step, the effective transfer time (peer
 -- waiting removed) against the same kind of group at the same step.
+--   $warm BIGINT[]         -- warm-up steps, left out (bound parameter)
 --   "group" VARCHAR, instance BIGINT, step BIGINT, name VARCHAR
 --   effective_s DOUBLE     -- median effective time of the instance's ops of that name in the step
 --   baseline_s DOUBLE      -- median of effective_s over all instances of the group kind at that step
@@ -15,4 +16,5 @@ WITH _per_step AS (
 )
 SELECT p."group", p.instance, p.step, p.name, p.effective_s, b.baseline_s,
     p.effective_s / nullif(b.baseline_s, 0) AS ratio
-FROM _per_step p JOIN _baseline b USING ("group", step, name);
+FROM _per_step p JOIN _baseline b USING ("group", step, name)
+WHERE NOT list_contains($warm, p.step);

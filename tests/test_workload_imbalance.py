@@ -5,24 +5,25 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
+from megascope.analyzer.store import Store
 from megascope.analyzer.workload_imbalance import WorkloadImbalanceDetector
 
 DP, PP, TP, STEPS = 4, 2, 2, 20
 
 
-class FakeStore:
-    """The two things the detector reads: the rank_step query and the topology."""
+@pytest.fixture(scope="module")
+def stores(simulated_run):
+    """A real Store (DuckDB over a simulated run's directory) per layout; each case puts its hand-made
+    rows in the store's `rank_step`, the table the detector reads."""
+    made: dict[tuple[int, int, int], Store] = {}
 
-    def __init__(self, table: pd.DataFrame) -> None:
-        self.table = table
-        self.topology = (table[["rank", "pp", "dp"]].drop_duplicates()
-                         .assign(host=lambda t: "h" + (t["rank"] // 8).astype(str)))
-
-    def query(self, sql: str, params=None) -> pd.DataFrame:
-        assert "FROM rank_step" in sql
-        return self.table[["rank", "step", "pp", "dp"]].assign(
-            work_s=self.table.forward_s + self.table.backward_s, step_time_s=self.table.step_time_s)
+    def get(dp: int, pp: int, tp: int) -> Store:
+        if (dp, pp, tp) not in made:
+            made[dp, pp, tp] = Store(simulated_run(dp=dp, tp=tp, pp=pp, steps=2))
+        return made[dp, pp, tp]
+    return get
 
 
 def table(replica_factor, rank_jitter: float = 0.005, dp: int = DP, pp: int = PP, tp: int = TP,
@@ -35,42 +36,46 @@ def table(replica_factor, rank_jitter: float = 0.005, dp: int = DP, pp: int = PP
             for d in range(dp):
                 for t in range(tp):
                     work = 0.1 * replica_factor(step, d) * np.exp(rng.normal(0, rank_jitter))
-                    rows.append(((s * dp + d) * tp + t, step, s, d, work / 3, 2 * work / 3, 0.5))
-    return pd.DataFrame(rows, columns=["rank", "step", "pp", "dp", "forward_s", "backward_s", "step_time_s"])
+                    rows.append(((s * dp + d) * tp + t, step, s, d, t, work / 3, 2 * work / 3, 0.5))
+    return pd.DataFrame(rows, columns=["rank", "step", "pp", "dp", "tp", "forward_s", "backward_s", "step_time_s"])
 
 
-def detect(df: pd.DataFrame) -> list:
-    return WorkloadImbalanceDetector().detect(FakeStore(df))
+def detect(stores, df: pd.DataFrame) -> list:
+    store = stores(int(df.dp.max()) + 1, int(df.pp.max()) + 1, int(df.tp.max()) + 1)
+    store.con.register("_case_rows", df)
+    store.execute("CREATE OR REPLACE TEMP TABLE rank_step AS SELECT * FROM _case_rows")
+    store.con.unregister("_case_rows")
+    return WorkloadImbalanceDetector().detect(store)
 
 
-def test_random_replica_factor_is_found():
+def test_random_replica_factor_is_found(stores):
     rng = np.random.default_rng(1)
     factors = np.exp(rng.normal(0, 0.12, size=(STEPS, DP)))
-    found = detect(table(lambda step, d: factors[step, d]))
+    found = detect(stores, table(lambda step, d: factors[step, d]))
     assert [f.kind for f in found] == ["workload_imbalance"]
     assert found[0].evidence["replicas"] == DP and found[0].evidence["ranks_per_replica"] == PP * TP
     assert found[0].hosts  # the ranks' hosts
 
 
-def test_clean_and_persistent_slow_replica_are_not():
-    assert detect(table(lambda step, d: 1.0)) == []
+def test_clean_and_persistent_slow_replica_are_not(stores):
+    assert detect(stores, table(lambda step, d: 1.0)) == []
     # a replica 30% slower on every step (a slow host): a level, not a changing workload
-    assert detect(table(lambda step, d: 1.3 if d == 2 else 1.0)) == []
+    assert detect(stores, table(lambda step, d: 1.3 if d == 2 else 1.0)) == []
     # ... or from step 10 on: the rank's running level follows it
-    assert detect(table(lambda step, d: 1.3 if d == 2 and step >= 10 else 1.0)) == []
+    assert detect(stores, table(lambda step, d: 1.3 if d == 2 and step >= 10 else 1.0)) == []
 
 
-def test_same_replica_slow_every_other_step_is_not():
-    found = detect(table(lambda step, d: 1.3 if d == 1 and step % 2 else 1.0))
+def test_same_replica_slow_every_other_step_is_not(stores):
+    found = detect(stores, table(lambda step, d: 1.3 if d == 1 and step % 2 else 1.0))
     assert found == [], [f.evidence for f in found]
 
 
-def test_per_rank_jitter_is_not():
+def test_per_rank_jitter_is_not(stores):
     # 15% jitter per rank, shared by no other rank of the replica: noise, however large
-    assert detect(table(lambda step, d: 1.0, rank_jitter=0.15)) == []
+    assert detect(stores, table(lambda step, d: 1.0, rank_jitter=0.15)) == []
 
 
-def test_one_rank_per_replica_abstains():
+def test_one_rank_per_replica_abstains(stores):
     rng = np.random.default_rng(2)
     factors = np.exp(rng.normal(0, 0.2, size=(STEPS, DP)))
-    assert detect(table(lambda step, d: factors[step, d], pp=1, tp=1)) == []
+    assert detect(stores, table(lambda step, d: factors[step, d], pp=1, tp=1)) == []

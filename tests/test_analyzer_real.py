@@ -32,10 +32,11 @@ def _busy_cpu_s() -> float:
     return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
-def _train(run_dir, *inject: str):
-    """The run, and the share of the machine's CPU that processes other than it took meanwhile."""
-    cmd = [sys.executable, "-m", "megascope", "train", "--preset", "tiny", "--dp", "2", "--pp", "2",
-           "--steps", "12", "--run-dir", str(run_dir)]
+def train_measuring_load(run_dir, layout: list[str], steps: int, *inject: str) -> tuple[Run, float]:
+    """A `megascope train --preset tiny` run (`layout`: e.g. ["--dp", "2"]), and the share of the
+    machine's CPU that processes other than it took meanwhile."""
+    cmd = [sys.executable, "-m", "megascope", "train", "--preset", "tiny", *layout,
+           "--steps", str(steps), "--run-dir", str(run_dir)]
     for spec in inject:
         cmd += ["--inject", spec]
     busy, own = _busy_cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -46,6 +47,10 @@ def _train(run_dir, *inject: str):
     own_s = after.ru_utime + after.ru_stime - own.ru_utime - own.ru_stime
     foreign_s = max(_busy_cpu_s() - busy - own_s, 0.0)
     return Run.open(run_dir), foreign_s / ((time.monotonic() - start) * os.cpu_count())
+
+
+def _train(run_dir, *inject: str) -> tuple[Run, float]:
+    return train_measuring_load(run_dir, ["--dp", "2", "--pp", "2"], 12, *inject)
 
 
 @pytest.fixture(scope="module")

@@ -13,16 +13,11 @@ CPU: rank 0 a steady 6.5% above rank 1 from step 1 at sigma 0.014 (4.5 sigma: a 
 oversubscribed host, which the guard below skips as test_analyzer_real does).
 """
 
-import os
-import resource
-import subprocess
-import sys
-import time
 
 import pytest
 
 from megascope.analyzer import Run
-from tests.test_analyzer_real import FOREIGN_SHARE_MAX, _busy_cpu_s
+from tests.test_analyzer_real import FOREIGN_SHARE_MAX, train_measuring_load
 
 pytestmark = pytest.mark.slow
 
@@ -32,18 +27,7 @@ ONSET = 4
 
 def _train(run_dir, *inject: str) -> tuple[Run, float]:
     """A tiny dp=2 run of STEPS steps, and the share of the machine's CPU other processes took meanwhile."""
-    cmd = [sys.executable, "-m", "megascope", "train", "--preset", "tiny", "--dp", "2",
-           "--steps", str(STEPS), "--run-dir", str(run_dir)]
-    for spec in inject:
-        cmd += ["--inject", spec]
-    busy, own = _busy_cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.monotonic()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    own_s = after.ru_utime + after.ru_stime - own.ru_utime - own.ru_stime
-    foreign_s = max(_busy_cpu_s() - busy - own_s, 0.0)
-    return Run.open(run_dir), foreign_s / ((time.monotonic() - start) * (os.cpu_count() or 1))
+    return train_measuring_load(run_dir, ["--dp", "2"], STEPS, *inject)
 
 
 def test_straggler_of_two_ranks_is_named_with_its_onset(tmp_path):

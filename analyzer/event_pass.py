@@ -6,7 +6,7 @@ event pass in two named variants - `event_pass_timeline` (a window per rank-step
 nest or overlap) and `event_pass_flat_events` + `flat_peer_step` + `flat_partials` (big traces whose
 spans do not, checked on a sample) - and the derived tables `rank_step_of`, `collective_instances_of`,
 `late_arrivals_of`, `incomplete_collectives`; a run whose ranks summarized their own events at the edge
-is read from those tables instead (`rank_step_of_edge`, `collective_instances_of_members`). Values are
+is read from those tables instead (`rank_step_of_edge`, `collective_partials_of_members`). Values are
 bound as prepared parameters; input relations are passed to the macros by name (`query_table`), and
 the tables a function writes are named by its caller from a fixed set (`_table`).
 

@@ -355,9 +355,10 @@ def from_edge_summaries(store: Store, base: int) -> bool:
     store.execute(f"CREATE OR REPLACE TEMP TABLE _p2p_peer_step AS SELECT {_P2P_SELECT} FROM edge_peer_step "
                   "WHERE peer >= 0")
     plan = PassPlan(int(base), True, False, LayoutParams.of(store))
-    batches: list[list[str] | None] = [*(store.rank_prefix_batches(BATCH_RANKS, ("edge_collectives",)) or [None])]
-    for i, prefixes in enumerate(batches):
-        store.run_with_retry(lambda: _edge_partials(store, prefixes, plan))
+    prefixes = store.rank_prefix_batches(BATCH_RANKS, ("edge_collectives",))
+    batches: list[list[str] | None] = [*prefixes] if prefixes else [None]
+    for i, batch in enumerate(batches):
+        store.run_with_retry(lambda: _edge_partials(store, batch, plan))
         split_partials(store, "_batch_partials", EVENT_PASS_TABLES, plan, create=i == 0)
     merge_partials(store, EVENT_PASS_TABLES, plan.base)
     store.execute("DROP TABLE _batch_partials")

@@ -73,7 +73,7 @@ class FlapDetector:
     def detect(self, store: Store) -> list[Finding]:
         bounds = store.query("SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns, "
                              "median(step_time_s) AS step_time_s FROM rank_step GROUP BY step")
-        warm = set(warmup_steps(bounds, 2.0)) if len(bounds) else set()
+        warm = sorted(int(s) for s in warmup_steps(bounds, 2.0)) if len(bounds) else []
         bounds = bounds[~bounds.step.isin(warm)].set_index("step")
         n_steps = len(bounds)
         if n_steps == 0:
@@ -102,7 +102,7 @@ class FlapDetector:
                                         >= c.min_extra_s)
         return series[keep].assign(lr=lr[keep])
 
-    def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: set[int]) -> list[Finding]:
+    def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: list[int]) -> list[Finding]:
         if has_wait_spans(store):
             # CPU (gloo) traces: a p2p span ends when its host called wait(), so its floor measures the
             # hosts' scheduling, not the link (8 ranks on 2 cores gave false 2-step "flaps" of +1 ms);
@@ -110,15 +110,15 @@ class FlapDetector:
             return []
         store.execute(load_sql("p2p_links"))
         # warm-up steps left out in SQL: a filter here copied the 21.5 M link-steps at 12,288 x 1,000
-        series = store.frame(load_sql("p2p_series"), {"warm": [int(s) for s in sorted(warm)]})
+        series = store.frame(load_sql("p2p_series"), {"warm": warm})
         bad = self._degraded(series, ["src", "dst"], "floor_s")
         bad = _above_boundary_peaks(store.topology, series, bad)
         bad = self._beyond_boundary(store.topology, series, bad)
         return self._links(store, bad, "floor_s", n_steps, bounds, "transfer")
 
-    def _stalls(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: set[int]) -> list[Finding]:
+    def _stalls(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: list[int]) -> list[Finding]:
         c = self.cfg
-        st = store.frame(load_sql("p2p_stalls"), {"warm": [int(s) for s in sorted(warm)]})
+        st = store.frame(load_sql("p2p_stalls"), {"warm": warm})
         if st.empty:
             return []
         step_time = bounds.step_time_s.reindex(st.step).to_numpy()
@@ -161,13 +161,13 @@ class FlapDetector:
                 out.append(f)
         return out
 
-    def _collectives(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: set[int]) -> list[Finding]:
+    def _collectives(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: list[int]) -> list[Finding]:
         if has_wait_spans(store):
             # CPU (gloo) traces: an async collective's end is when the tracer saw it complete (the next
             # tracer event or sweep, up to ms later), so end - last arrival is not the group's transfer
             # time (a clean real run gave a false dp-group "flap" of +0.9 ms)
             return []
-        bad = self._degraded(store.frame(load_sql("collective_series"), {"warm": [int(s) for s in sorted(warm)]}),
+        bad = self._degraded(store.frame(load_sql("collective_series"), {"warm": warm}),
                              ["group", "instance", "name"], "effective_s")
         if bad.empty:
             return []

@@ -358,8 +358,12 @@ class Store:
         """`query` through Arrow, for long numeric results: ~3.5x faster than `query` on the flap
         detector's 21.5 M link-steps (0.5 s against 1.7-2.0 s); streamed, so the result is not also held
         in DuckDB's memory; not for HUGEINT columns (they would come back as Decimal objects)."""
-        return self.run_with_retry(
-            lambda: self.con.sql(sql, params=params or {}).to_arrow_reader(1 << 20).read_all().to_pandas())
+        def fetch() -> pd.DataFrame:
+            table = self.con.sql(sql, params=params or {}).to_arrow_reader(1 << 20).read_all()
+            # each column's Arrow buffers freed once converted: the table and the frame are not both held
+            # (21.5 M link-steps: 0.9 GB each)
+            return table.to_pandas(split_blocks=True, self_destruct=True)
+        return self.run_with_retry(fetch)
 
     def execute(self, sql: str, params: dict | list | None = None) -> None:
         self.run_with_retry(lambda: self.con.execute(sql, params or {}))

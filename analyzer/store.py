@@ -369,7 +369,8 @@ class Store:
         self.run_with_retry(lambda: self.con.execute(sql, params or {}))
 
     def arrow(self, sql: str, params: dict | list | None = None) -> pa.Table:
-        return self.run_with_retry(lambda: self.con.execute(sql, params or {}).to_arrow_table())
+        # con.sql, not con.execute: Arrow from a DB-API result makes an extra copy of the rows
+        return self.run_with_retry(lambda: self.con.sql(sql, params=params or {}).to_arrow_table())
 
 
 def prefix_batches(folders: set[str], batch_ranks: int) -> list[list[str]] | None:

@@ -63,9 +63,14 @@ class ParquetSegmentSink:
 
     def _parquet_options(self, batch: pa.Table) -> dict:
         # dictionary-encode only the string columns: smaller files and ~25% faster writes than
-        # pyarrow's default of every column (timestamps and ids rarely repeat)
+        # pyarrow's default of every column (timestamps and ids rarely repeat). Integer columns are
+        # delta-encoded: timestamps, steps and sequence numbers grow in small steps. Measured on 500 ranks
+        # of the 12,288 x 1,000 edge run (benchmarks/analyzer_scale.py --edge): edge_collectives 122 ->
+        # 12.7 MiB, write CPU -26%, DuckDB scan CPU -32%; edge_rank_step 19 -> 12 MiB; events -12% size,
+        # scan -14%; edge_peer_step (durations, not timestamps) +12% size, scan -10%.
         strings = [f.name for f in batch.schema if pa.types.is_string(f.type)]
-        return {"compression": self.compression, "use_dictionary": strings}
+        ints = {f.name: "DELTA_BINARY_PACKED" for f in batch.schema if pa.types.is_integer(f.type)}
+        return {"compression": self.compression, "use_dictionary": strings, "column_encoding": ints}
 
     def _write_remote(self, table: str, batch: pa.Table) -> None:
         folder = f"{table}/rank={self.rank:05d}"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from megascope.analyzer.store import Store
 
@@ -39,9 +40,9 @@ class ScoreGrid:
     DataFrame of rank-step rows: at 12,288 ranks x 1,000 steps a long frame of ~25 columns held 7.7 GB
     and its groupbys took ~25 s; per-stage and per-group statistics here are reductions along an axis.
 
-    `values` holds the SCORE_COLUMNS, their peer references `ref_<m>` and scores `x_<m>` (MEASURES),
-    tp_ratio and x_replica_work_s. `frame(rows)` gives the long rows of a few ranks (the per-rank
-    analysis of candidates) in the columns the long frame had."""
+    `values` holds the SCORE_COLUMNS but forward_s, their peer references `ref_<m>` (MEASURES but
+    forward_s), scores `x_<m>` (MEASURES but gap_s), tp_ratio and x_replica_work_s. `frame(rows)` gives
+    the long rows of a few ranks (the per-rank analysis of candidates)."""
 
     ranks: np.ndarray
     steps: np.ndarray
@@ -88,15 +89,22 @@ def rank_step_scores(store: Store, warmup_factor: float = 2.0) -> ScoreGrid | No
         return None
     v = grid.values
     stages = row_groups(grid.pp)
+    scratch = np.empty(grid.present.shape)
     for m in MEASURES:
         v[f"ref_{m}"] = loo_median_rows(v[m], grid.present, stages)
+        if m == "gap_s":
+            continue  # late launches judge the gap's excess in seconds, not its log ratio: x_gap_s is unread
+        # log(max(v, 1e-9) / max(ref, 1e-9)) in place: each temporary matrix is ~100 MB at 12,288 x 1,000,
+        # and a fresh one costs more in page faults than the arithmetic
+        x = np.maximum(v[m], 1e-9)
         with np.errstate(divide="ignore", invalid="ignore"):
-            v[f"x_{m}"] = np.log(np.clip(v[m], 1e-9, None) / np.clip(v[f"ref_{m}"], 1e-9, None))
-    del v["forward_s"], v["ref_forward_s"]  # only its score is judged (~100 MB each at 12,288 x 1,000)
+            np.divide(x, np.maximum(v[f"ref_{m}"], 1e-9, out=scratch), out=x)
+            v[f"x_{m}"] = np.log(x, out=x)
+    del v["forward_s"], v["ref_forward_s"], scratch  # only its score is judged
     tp_ref = loo_median_rows(v["work_s"], grid.present, row_groups(grid.pp, grid.dp))
+    tp_ref[~(tp_ref > 0)] = np.nan  # no reference (NaN) or a zero one: no ratio
     with np.errstate(divide="ignore", invalid="ignore"):
-        v["tp_ratio"] = v["work_s"] / np.where(tp_ref > 0, tp_ref, np.nan)
-    del tp_ref
+        v["tp_ratio"] = np.divide(v["work_s"], tp_ref, out=tp_ref)
     v["x_replica_work_s"] = replica_score(grid, "x_work_s")
     return grid
 
@@ -122,32 +130,51 @@ def load_grid(store: Store, columns: tuple[str, ...], warmup_factor: float = 2.0
 
 def _fetch_grid(store: Store, columns: tuple[str, ...], chunk_ranks: int = 2048) -> ScoreGrid | None:
     """rank_step's `columns` placed into rank x step matrices, `chunk_ranks` ranks a query (a bounded
-    frame each time, never one long frame of all rows)."""
+    result each time, never one long table of all rows). Results come as Arrow columns turned into numpy
+    arrays, not pandas frames: at 12,288 ranks x 1,000 steps the frames cost ~1 s of the ~1.7 s."""
     where = "FROM rank_step WHERE step_time_s > 0"
-    ids = store.query(f"SELECT DISTINCT rank, pp, dp, tp {where}")
-    if ids.empty:
+    ids = _arrow(store, f"SELECT DISTINCT rank, pp, dp, tp {where}")
+    if not ids.num_rows:
         return None
-    ids = ids.drop_duplicates("rank").sort_values("rank")
-    steps = np.unique(store.query(f"SELECT DISTINCT step {where}").step.to_numpy(dtype=np.int64))
-    ranks = ids["rank"].to_numpy(dtype=np.int64)
+    # one row per rank (its first, as pandas' drop_duplicates kept it), in rank order
+    ranks, first_row = np.unique(_ints(ids, "rank"), return_index=True)
+    steps = np.unique(_ints(_arrow(store, f"SELECT DISTINCT step {where}"), "step"))
     shape = (len(ranks), len(steps))
     hosts = store.topology.set_index("rank")["host"]
-    grid = ScoreGrid(ranks, steps, np.zeros(shape, dtype=bool), ids.pp.to_numpy(dtype=np.int64),
-                     ids.dp.to_numpy(dtype=np.int64), ids.get("tp", ids.dp * 0).to_numpy(dtype=np.int64),
+    grid = ScoreGrid(ranks, steps, np.zeros(shape, dtype=bool), _ints(ids, "pp")[first_row],
+                     _ints(ids, "dp")[first_row], _ints(ids, "tp")[first_row],
                      hosts.reindex(ranks).to_numpy(), {c: np.full(shape, np.nan) for c in columns})
     select = ", ".join("forward_s + backward_s AS work_s" if c == "work_s" else c for c in columns)
     for lo in range(0, len(ranks), chunk_ranks):
-        first, last = int(ranks[lo]), int(ranks[min(lo + chunk_ranks, len(ranks)) - 1])
-        rows = store.query(f"SELECT rank, step, {select} {where} AND rank BETWEEN $lo AND $hi",
-                           {"lo": first, "hi": last})
-        rank = rows["rank"].to_numpy(dtype=np.int64)
-        mine = (rank >= first) & (rank <= last)
-        r = np.searchsorted(ranks, rank[mine])
-        s = np.searchsorted(steps, rows.step.to_numpy(dtype=np.int64)[mine])
-        grid.present[r, s] = True
+        hi = min(lo + chunk_ranks, len(ranks))
+        first, last = int(ranks[lo]), int(ranks[hi - 1])
+        rows = _arrow(store, f"SELECT rank, step, {select} {where} AND rank BETWEEN $lo AND $hi",
+                      {"lo": first, "hi": last})
+        # flat positions in the chunk's rows of the matrices (every rank in [first, last] is one of ranks)
+        at = np.searchsorted(ranks, _ints(rows, "rank")) * len(steps) + np.searchsorted(steps, _ints(rows, "step"))
+        block = len(at) == (hi - lo) * len(steps) and at[0] == lo * len(steps) and bool((np.diff(at) == 1).all())
+        if block:  # every rank at every step, in (rank, step) order (a plain scan): contiguous copies
+            grid.present[lo:hi] = True
+        else:
+            grid.present.ravel()[at] = True
         for c in columns:
-            grid.values[c][r, s] = rows[c].to_numpy(dtype=float)[mine]
+            vals = rows.column(c).to_numpy(zero_copy_only=False).astype(float, copy=False)  # NULL: NaN
+            if block:
+                grid.values[c][lo:hi] = vals.reshape(hi - lo, len(steps))
+            else:
+                grid.values[c].ravel()[at] = vals
     return grid
+
+
+def _arrow(store: Store, sql: str, params: dict | None = None) -> pa.Table:
+    """A query's result as an Arrow table, through the relational API (Store.arrow's DB-API result
+    copies the rows once more)."""
+    return store.run_with_retry(lambda: store.con.sql(sql, params=params or {}).to_arrow_table())
+
+
+def _ints(table: pa.Table, column: str) -> np.ndarray:
+    """An integer column of a query result as int64 (no NULLs in the key columns)."""
+    return table.column(column).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
 def column_medians(m: np.ndarray, present: np.ndarray) -> np.ndarray:
@@ -386,7 +413,10 @@ def noise_sigma_grid(grid: ScoreGrid, values: np.ndarray, floor: float = 0.003) 
         return noise_sigma(long, "v", floor=floor)
     if values.shape[1] < 3:  # a rank needs two differences
         return floor
+    # in place: a row's median does not depend on the order of its values, so the partitions may
+    # reorder d, and the deviations reuse its memory (each copy is ~100 MB at 12,288 x 1,000)
     d = np.diff(values, axis=1)
-    dev = np.abs(d - np.median(d, axis=1)[:, None])
-    per_key = 1.4826 * np.median(dev, axis=1) / math.sqrt(2)
+    d -= np.median(d, axis=1, overwrite_input=True)[:, None]
+    np.abs(d, out=d)
+    per_key = 1.4826 * np.median(d, axis=1, overwrite_input=True) / math.sqrt(2)
     return max(floor, float(np.median(per_key)))

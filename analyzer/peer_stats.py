@@ -249,11 +249,7 @@ def replica_score(grid: ScoreGrid, column: str) -> np.ndarray:
     blocks = row_groups(grid.dp, grid.pp)     # (dp, pp) blocks, in (dp, pp) order
     keys = np.array([(grid.dp[b[0]], grid.pp[b[0]]) for b in blocks])
     x, here = grid[column], grid.present
-    n_steps = x.shape[1]
-    mean = np.full((len(blocks), n_steps), np.nan)
-    has = np.zeros((len(blocks), n_steps), dtype=bool)
-    for i, b in enumerate(blocks):
-        mean[i], has[i] = kahan_mean(x[b], here[b])
+    mean, has = kahan_means(x, here, blocks)
     # the blocks of each replica are the members of its groups: the same leave-one-out rule
     replicas = row_groups(keys[:, 0])
     other = loo_median_rows(mean, has, replicas)
@@ -266,19 +262,51 @@ def replica_score(grid: ScoreGrid, column: str) -> np.ndarray:
 def kahan_mean(vals: np.ndarray, here: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per column: the mean of the non-NaN values of present rows, summed as pandas' groupby mean sums
     (compensated, row by row); NaN where none. Also whether any row is present (the group exists)."""
-    total = np.zeros(vals.shape[1])
-    comp = np.zeros(vals.shape[1])
-    count = np.zeros(vals.shape[1])
-    for row, h in zip(vals, here):
+    mean, has = _kahan_rows(vals, here, np.arange(len(vals))[None, :])
+    return mean[0], has[0]
+
+
+def kahan_means(vals: np.ndarray, here: np.ndarray, groups: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """kahan_mean of each group of rows (row index arrays), as (groups, columns) matrices: the groups of
+    one size are summed together, row by row (one call per group cost a Python loop per row: 12,288
+    ranks in 1,536 blocks of 8 or 192 replicas of 64 took 0.2-0.9 s)."""
+    mean = np.full((len(groups), vals.shape[1]), np.nan)
+    has = np.zeros(mean.shape, dtype=bool)
+    by_size: dict[int, list[int]] = {}
+    for i, g in enumerate(groups):
+        by_size.setdefault(len(g), []).append(i)
+    for which in by_size.values():
+        mean[which], has[which] = _kahan_rows(vals, here, np.stack([groups[i] for i in which]))
+    return mean, has
+
+
+def _kahan_rows(vals: np.ndarray, here: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """kahan_mean of the groups of rows `idx` (groups x k row indices), all groups at once."""
+    shape = (idx.shape[0], vals.shape[1])
+    total, comp, count = np.zeros(shape), np.zeros(shape), np.zeros(shape)
+    has = np.zeros(shape, dtype=bool)
+    for j in range(idx.shape[1]):
+        row, h = vals[idx[:, j]], here[idx[:, j]]
         ok = h & ~np.isnan(row)
+        if ok.all():  # the same steps as below with every value taken (a dense trace), in place
+            row -= comp
+            t = total + row
+            np.subtract(t, total, out=comp)
+            comp -= row
+            comp[np.isnan(comp)] = 0.0
+            total = t
+            count += 1.0
+            has |= h
+            continue
         y = np.where(ok, row, 0.0) - np.where(ok, comp, 0.0)
         t = total + y
         comp = np.where(ok, t - total - y, comp)
         comp = np.where(np.isnan(comp), 0.0, comp)
         total = np.where(ok, t, total)
         count += ok
+        has |= h
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(count > 0, total / count, np.nan), np.asarray(here.any(axis=0))
+        return np.where(count > 0, total / count, np.nan), has
 
 
 def group_ids(df: pd.DataFrame, keys: list[str]) -> np.ndarray:

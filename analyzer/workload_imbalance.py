@@ -30,7 +30,7 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
-from megascope.analyzer.peer_stats import ScoreGrid, column_medians, kahan_mean, load_grid, row_groups
+from megascope.analyzer.peer_stats import ScoreGrid, column_medians, kahan_means, load_grid, row_groups
 from megascope.analyzer.store import Store
 
 
@@ -130,20 +130,24 @@ def replica_spread(grid: ScoreGrid, level_window: int) -> SpreadStats | None:
     if not ok.any():
         return None
     z = np.full(work.shape, np.nan)
-    for rows in row_groups(grid.pp):  # log(work / its stage's median at the step)
-        med = column_medians(work[rows], ok[rows])
+    for rows in row_groups(grid.pp):  # log(work / its stage's median at the step), in place in the stage's copy
+        w, here = work[rows], ok[rows]
+        med = column_medians(w, here)
         with np.errstate(divide="ignore", invalid="ignore"):
-            z[rows] = np.where(ok[rows], np.log(work[rows] / med), np.nan)
-    z_own = z - _rolling_median(z, ok, level_window)
+            np.log(np.divide(w, med, out=w), out=w)
+        w[~here] = np.nan
+        z[rows] = w
+    z_own = _rolling_median(z, ok, level_window)
+    np.subtract(z, z_own, out=z_own)
     # per (step, replica), the ranks in rank order (the order the long frame summed them in)
     replicas = row_groups(grid.dp)
     shape = (len(replicas), work.shape[1])
-    y, y_own, n, mean_work, step_time = (np.full(shape, np.nan) for _ in range(5))
+    y, _ = kahan_means(z, ok, replicas)
+    y_own, _ = kahan_means(z_own, ok, replicas)
+    mean_work, _ = kahan_means(work, ok, replicas)
+    n, step_time = np.full(shape, np.nan), np.full(shape, np.nan)
     for i, rows in enumerate(replicas):
         here = ok[rows]
-        y[i], _ = kahan_mean(z[rows], here)
-        y_own[i], _ = kahan_mean(z_own[rows], here)
-        mean_work[i], _ = kahan_mean(work[rows], here)
         n[i] = here.sum(axis=0)
         step_time[i] = column_medians(np.where(here, grid["step_time_s"][rows], np.nan), here)
     dps = np.array([grid.dp[r[0]] for r in replicas])
@@ -152,18 +156,21 @@ def replica_spread(grid: ScoreGrid, level_window: int) -> SpreadStats | None:
     d, j = d[order], j[order]
     rep = pd.DataFrame({"step": grid.steps[j], "dp": dps[d], "y": y[d, j], "y_own": y_own[d, j],
                         "n": n[d, j].astype(np.int64), "work": mean_work[d, j], "step_time": step_time[d, j]})
-    # disagreement of each rank with its replica's mean (after its own level): per-rank noise
-    row_of = np.empty(len(grid.ranks), dtype=np.int64)
+    # disagreement of each rank with its replica's mean (after its own level): per-rank noise; gathered
+    # replica by replica (the medians below do not depend on the order), never as rank x step copies
+    parts = []
     for i, rows in enumerate(replicas):
-        row_of[rows] = i
-    n_rows, y_own_rows = n[row_of], y_own[row_of]
-    multi = ok & (n_rows >= 2)
+        multi = ok[rows] & (n[i] >= 2)
+        n_i, y_i = np.broadcast_to(n[i], multi.shape)[multi], np.broadcast_to(y_own[i], multi.shape)[multi]
+        parts.append((z_own[rows][multi] - y_i) / np.sqrt(1 - 1 / n_i))  # residual from a mean it is in
+    e = np.concatenate(parts)
+    del parts
     k = float(rep.n.median())
-    if not multi.any():
+    if not len(e):
         sigma = float("nan")
     else:
-        e = (z_own[multi] - y_own_rows[multi]) / np.sqrt(1 - 1 / n_rows[multi])  # residual from a mean it is in
-        sigma = max(1e-3, 1.4826 * float(np.median(np.abs(e - np.median(e)))))
+        e -= np.median(e, overwrite_input=True)
+        sigma = max(1e-3, 1.4826 * float(np.median(np.abs(e, out=e), overwrite_input=True)))
     rep = rep[rep.groupby("step").dp.transform("size") >= 2]
     if rep.empty:
         return None
@@ -191,7 +198,9 @@ def _rolling_median(z: np.ndarray, ok: np.ndarray, window: int) -> np.ndarray:
     for c in range(0, len(idx), 1024):                  # bounded memory: 1,024 ranks at a time
         rows = z[idx[c:c + 1024]]
         res = np.empty_like(rows)
-        if n >= window:
+        if n >= window == 5 and not np.isnan(rows).any():
+            res[:, 2:n - 2] = _median5([rows[:, i:n - 4 + i] for i in range(5)])
+        elif n >= window:
             res[:, half_lo:n - half_hi] = np.median(np.lib.stride_tricks.sliding_window_view(rows, window, axis=1),
                                                     axis=2)
         for j in list(range(min(half_lo, n))) + list(range(max(half_lo, n - half_hi), n)):
@@ -201,3 +210,17 @@ def _rolling_median(z: np.ndarray, ok: np.ndarray, window: int) -> np.ndarray:
         cols = np.flatnonzero(ok[r])
         out[r, cols] = pd.Series(z[r, cols]).rolling(window, center=True, min_periods=1).median().to_numpy()
     return out
+
+
+def _median5(p: list[np.ndarray]) -> np.ndarray:
+    """The element-wise median of five arrays without NaN (the middle value: np.median's result, exactly)
+    by a 7 compare-exchange selection network: the default level window's rolling median over 12,288
+    ranks x 1,000 steps, ~3x faster than np.median over a sliding window view (which copies it 5-fold)."""
+    p = list(p)
+
+    def order(i: int, j: int) -> None:  # p[i] <= p[j] after
+        p[i], p[j] = np.minimum(p[i], p[j]), np.maximum(p[i], p[j])
+
+    for i, j in ((0, 1), (3, 4), (0, 3), (1, 4), (1, 2), (2, 3), (1, 2)):
+        order(i, j)
+    return p[2]

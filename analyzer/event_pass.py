@@ -56,7 +56,7 @@ run-wide table `_p2p_peer_step` keeps only these columns, and only rows of a p2p
 1,000 steps: 21.5 M rows x 7 columns instead of 33.8 M x 18, which spilled past DuckDB's memory limit)."""
 _P2P_SELECT = ", ".join(f'"{c}"' for c in P2P_STEP_COLUMNS)
 PARTIAL_COLUMNS = ("group", "instance", "seq", "first_step", "op_name", "n_events", "last_rank", "last_issue_ns",
-                   "first_issue_ns", "issue_sum_ms", "last_end_ns")
+                   "issue_sum_ms", "last_end_ns")
 _TABLES = frozenset({
     "rank_step", "rank_step_incomplete", "_p2p_peer_step", "_collective_partials", "collective_instances",
     "late_arrivals", "_summary_rank_step", "_summary_rank_step_incomplete", "_summary_partials",

@@ -10,16 +10,16 @@
 --   members BIGINT            -- members that recorded the op
 --   last_rank INT             -- the member that arrived (issued) last: the one the others waited for
 --   lateness_s DOUBLE         -- last arrival - mean arrival: how late the last member was
---   skew_s DOUBLE             -- last arrival - first arrival
 --   effective_s DOUBLE        -- end - last arrival: the transfer itself, peer waiting removed
+-- (24.7 M rows at 12,288 ranks x 1,000 steps: no column nobody reads, e.g. the first-to-last arrival skew,
+-- and no HUGEINT; each 8 bytes a row less is ~200 MB less for DuckDB to hold or spill)
 CREATE OR REPLACE TEMP MACRO collective_instances_of(partials, base) AS TABLE
 SELECT "group", instance, seq,
     min(first_step) AS step,
     any_value(op_name) AS name,
-    sum(n_events) AS members,
+    sum(n_events)::BIGINT AS members,
     arg_max(last_rank, (last_issue_ns, last_rank)) AS last_rank,  -- a tie: the higher rank
     (max(last_issue_ns) - base) / 1e9 - sum(issue_sum_ms) / 1e3 / sum(n_events) AS lateness_s,
-    (max(last_issue_ns) - min(first_issue_ns)) / 1e9 AS skew_s,
     greatest(max(last_end_ns) - max(last_issue_ns), 0) / 1e9 AS effective_s
 FROM query_table(partials)
 GROUP BY "group", instance, seq

@@ -12,10 +12,9 @@ CREATE OR REPLACE TEMP MACRO complete_collective_instances(partials, base, dp, t
 SELECT "group", instance, seq,
     first_step AS step,
     op_name AS name,
-    n_events::HUGEINT AS members,  -- collectives.sql's sum(n_events)
+    n_events AS members,
     last_rank,
     (last_issue_ns - base) / 1e9 - issue_sum_ms / 1e3 / n_events AS lateness_s,
-    (last_issue_ns - first_issue_ns) / 1e9 AS skew_s,
     greatest(last_end_ns - last_issue_ns, 0) / 1e9 AS effective_s
 FROM query_table(partials)
 WHERE n_events = group_size("group", dp, tp, cp, pp, world)

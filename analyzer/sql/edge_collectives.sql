@@ -25,7 +25,6 @@ WITH _member AS (
         -- (issue, rank) as one number, issue * 2^32 + rank (0 <= rank < 2^32): its max is the latest issue,
         -- then the higher rank; the issue and the rank are its high and low bits
         max(start_ns::HUGEINT * 4294967296 + rank) AS last_key,
-        min(start_ns) AS first_issue_ns,
         sum((start_ns - base) / 1e6) AS issue_sum_ms,
         max(end_ns) AS last_end_ns
     FROM _member
@@ -39,5 +38,5 @@ SELECT ['dp', 'tp', 'pp', 'embedding', 'cp', 'world'][gcode + 1] AS "group", ins
     n_events,
     (last_key & 4294967295)::INTEGER AS last_rank,
     (last_key >> 32)::BIGINT AS last_issue_ns,
-    first_issue_ns, issue_sum_ms, last_end_ns
+    issue_sum_ms, last_end_ns
 FROM _instance

@@ -10,7 +10,6 @@
 --   op_name VARCHAR
 --   n_events BIGINT          -- members in the batch
 --   last_rank INT, last_issue_ns BIGINT   -- the member that issued last, and when
---   first_issue_ns BIGINT
 --   issue_sum_ms DOUBLE      -- sum of (issue - base) in ms, for the mean arrival
 --   last_end_ns BIGINT
 CREATE OR REPLACE TEMP MACRO flat_partials(coded, base, dp, tp, cp, renumber) AS TABLE
@@ -23,7 +22,6 @@ SELECT "group", instance, seq,
     count(*) AS n_events,
     arg_max(rank, (start_ns, rank)) AS last_rank,  -- a tie (same ns): the higher rank, not any row
     max(start_ns) AS last_issue_ns,
-    min(start_ns) AS first_issue_ns,
     sum((start_ns - base) / 1e6) AS issue_sum_ms,
     max(end_ns) AS last_end_ns
 FROM _coll

@@ -44,8 +44,9 @@
 --     compute), collective_ns (collectives outside compute, collective waits, collectives nested in
 --     compute; waited ops excluded), data_wait_ns, gap_ns (host gaps), gap_p2p_ns, gap_coll_ns (gaps
 --     right before p2p / collective issues), send_min_ns, sends, recv_min_ns, n_events
---   per collective: first_step, op_name, n_events (members), last_rank, last_issue_ns, first_issue_ns,
---     issue_sum_ms (DOUBLE: sum of issue - base, ms, for the mean arrival), last_end_ns
+--   per collective (and op_name, a key: members that disagree on it give one row each, which the merge
+--     joins): first_step, n_events (members), last_rank, last_issue_ns, issue_sum_ms (DOUBLE: sum of
+--     issue - base, ms, for the mean arrival), last_end_ns
 CREATE OR REPLACE TEMP MACRO event_pass_timeline(events, first_step, base, async_ops, wait_suffix,
                                                  dp, tp, cp, renumber) AS TABLE
 WITH _raw AS MATERIALIZED (
@@ -113,7 +114,7 @@ WITH _raw AS MATERIALIZED (
         group_instance("group", rank, dp, tp, cp, renumber) AS instance
     FROM _busy
 )
-SELECT CAST(GROUPING(rank, step, peer) > 0 AS INT) AS gset, rank, step, peer, "group", instance, seq,
+SELECT CAST(GROUPING(rank, step, peer) > 0 AS INT) AS gset, rank, step, peer, "group", instance, seq, op_name,
     coalesce(sum(dur_ns) FILTER (WHERE role <= 3), 0)::BIGINT AS compute_ns,
     (coalesce(sum(dur_ns) FILTER (WHERE role = 0), 0)
      - coalesce(sum(wait_ns) FILTER (WHERE nested AND busy_role = 0), 0))::BIGINT AS forward_ns,
@@ -137,11 +138,9 @@ SELECT CAST(GROUPING(rank, step, peer) > 0 AS INT) AS gset, rank, step, peer, "g
     min(dur_ns) FILTER (WHERE role = 8) AS recv_min_ns,
     count(*) AS n_events,
     min(step) AS first_step,
-    any_value(op_name) AS op_name,
     arg_max(rank, (start_ns, rank)) AS last_rank,  -- a tie (same ns): the higher rank, not any row
     max(start_ns) AS last_issue_ns,
-    min(start_ns) AS first_issue_ns,
     sum((start_ns - base) / 1e6) AS issue_sum_ms,
     max(end_ns) AS last_end_ns
 FROM _placed
-GROUP BY GROUPING SETS ((rank, step, peer), ("group", instance, seq))
+GROUP BY GROUPING SETS ((rank, step, peer), ("group", instance, seq, op_name))

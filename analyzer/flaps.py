@@ -78,9 +78,19 @@ class FlapDetector:
         n_steps = len(bounds)
         if n_steps == 0:
             return []
-        out = self._p2p(store, n_steps, bounds, warm) + self._stalls(store, n_steps, bounds, warm)
+        # both p2p series read one pairing of each link's two ends; dropped once read (10.75 M rows at
+        # 12,288 ranks x 1,000 steps)
+        store.execute(load_sql("p2p_links"), {"warm": warm})
+        try:
+            out = self._p2p(store, n_steps, bounds) + self._stalls(store, n_steps, bounds)
+        finally:
+            store.execute("DROP TABLE IF EXISTS p2p_link_pairs")
         links = group_boundaries(_dedupe_links(out), store.topology, self.cfg.group_links)
         return links + self._collectives(store, n_steps, bounds, warm)
+
+    def _threshold(self, sigma: float) -> float:
+        """The log ratio a step must reach: the flag ratio, and beyond z_flag noise sigmas."""
+        return max(np.log(self.cfg.flag_ratio), self.cfg.z_flag * sigma)
 
     def _degraded(self, series: pd.DataFrame, key: list[str], value: str) -> pd.DataFrame:
         """Rows of a (key, step, value, baseline_s, ratio) series (warm-up steps left out) that are
@@ -90,51 +100,80 @@ class FlapDetector:
             return series
         with np.errstate(divide="ignore", invalid="ignore"):
             lr = np.log(series.ratio.to_numpy(dtype=float))
-        # the noise from the key, step and log-ratio columns alone (no copy of the whole series: at
-        # 12,288 ranks it holds 21.5M link-steps)
+        # the noise from the key, step and log-ratio columns alone (no copy of the whole series)
         finite = np.isfinite(lr)
         noise = pd.DataFrame({k: series[k].to_numpy()[finite] for k in key + ["step"]} | {"lr": lr[finite]})
         sigma = noise_sigma(noise, "lr", key=key)
         del noise
-        threshold = max(np.log(c.flag_ratio), c.z_flag * sigma)
         with np.errstate(invalid="ignore"):
-            keep = (lr >= threshold) & (series[value].to_numpy(dtype=float) - series.baseline_s.to_numpy(dtype=float)
-                                        >= c.min_extra_s)
+            keep = (lr >= self._threshold(sigma)) & (series[value].to_numpy(dtype=float) -
+                                                      series.baseline_s.to_numpy(dtype=float) >= c.min_extra_s)
         return series[keep].assign(lr=lr[keep])
 
-    def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: list[int]) -> list[Finding]:
+    def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame) -> list[Finding]:
         if has_wait_spans(store):
             # CPU (gloo) traces: a p2p span ends when its host called wait(), so its floor measures the
             # hosts' scheduling, not the link (8 ranks on 2 cores gave false 2-step "flaps" of +1 ms);
             # there a link shows as both ends stalled before their transfers (_stalls)
             return []
-        store.execute(load_sql("p2p_links"))
-        # warm-up steps left out in SQL: a filter here copied the 21.5 M link-steps at 12,288 x 1,000
-        series = store.frame(load_sql("p2p_series"), {"warm": warm})
-        bad = self._degraded(series, ["src", "dst"], "floor_s")
-        bad = _above_boundary_peaks(store.topology, series, bad)
-        bad = self._beyond_boundary(store.topology, series, bad)
+        # numpy arrays, not a frame: at 12,288 x 1,000 the series is 21.5 M link-steps, and only the few
+        # degraded ones become rows (warm-up steps are left out in SQL, p2p_links)
+        s = _arrays(store, load_sql("p2p_series"))
+        if not len(s["step"]):
+            return []
+        floor, base = s["floor_s"], s["baseline_s"]
+        # the log of floor_s / baseline_s, the ratio divided here as SQL would (IEEE division: the same
+        # double), NaN without a baseline; one array, logged in place
+        lr = np.full(len(floor), np.nan)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            np.divide(floor, base, out=lr, where=base != 0)
+            np.log(lr, out=lr)
+        links = _LinkIds(s["src"], s["dst"], store.topology)
+        sigma = _link_noise(links, s["step"], lr)
+        with np.errstate(invalid="ignore"):
+            rows = np.flatnonzero(lr >= self._threshold(sigma))
+        rows = rows[floor[rows] - base[rows] >= self.cfg.min_extra_s]
+        bad = pd.DataFrame({"src": s["src"][rows], "dst": s["dst"][rows], "step": s["step"][rows],
+                            "floor_s": floor[rows], "baseline_s": base[rows], "ratio": floor[rows] / base[rows],
+                            "lr": lr[rows]})
+        bad = _above_boundary_peaks(links, lr, bad)
+        bad = self._beyond_boundary(links.observed_steps(s["step"]), store.topology, bad)
         return self._links(store, bad, "floor_s", n_steps, bounds, "transfer")
 
-    def _stalls(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: list[int]) -> list[Finding]:
+    def _stalls(self, store: Store, n_steps: int, bounds: pd.DataFrame) -> list[Finding]:
         c = self.cfg
-        st = store.frame(load_sql("p2p_stalls"), {"warm": warm})
-        if st.empty:
+        s = _arrays(store, load_sql("p2p_stalls"))
+        if not len(s["step"]):
             return []
-        step_time = bounds.step_time_s.reindex(st.step).to_numpy()
-        bad = st[(st.stall_s - st.baseline_s >= c.min_stall_frac * step_time) &
-                 (st.stall_s >= c.flag_ratio * st.baseline_s)]
-        st, bad = st.rename(columns={"a": "src", "b": "dst"}), bad.rename(columns={"a": "src", "b": "dst"})
-        bad = self._beyond_boundary(store.topology, st, bad)
+        stall, base, step = s["stall_s"], s["baseline_s"], s["step"]
+        # each row's step time by its step's offset (a reindex of 10.75 M steps took ~0.5 s); NaN for a
+        # step without bounds, as the reindex gave
+        lo, span = int(step.min()), int(step.max() - step.min()) + 1
+        per_step = np.full(span, np.nan)
+        known = bounds.index.to_numpy(dtype=np.int64)
+        inside = (known >= lo) & (known < lo + span)
+        per_step[known[inside] - lo] = bounds.step_time_s.to_numpy(dtype=float)[inside]
+        step_time = per_step[step - lo]
+        with np.errstate(invalid="ignore"):
+            rows = np.flatnonzero((stall - base >= c.min_stall_frac * step_time) & (stall >= c.flag_ratio * base))
+        b = base[rows]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.divide(stall[rows], b, out=np.full(len(rows), np.nan), where=b != 0)
+        bad = pd.DataFrame({"src": s["a"][rows], "dst": s["b"][rows], "step": step[rows], "stall_s": stall[rows],
+                            "baseline_s": b, "ratio": ratio})
+        if bad.empty:
+            return []
+        observed = _LinkIds(s["a"], s["b"], store.topology).observed_steps(step)
+        bad = self._beyond_boundary(observed, store.topology, bad)
         return self._links(store, bad, "stall_s", n_steps, bounds, "stall")
 
-    def _beyond_boundary(self, topology: pd.DataFrame, series: pd.DataFrame, bad: pd.DataFrame) -> pd.DataFrame:
+    def _beyond_boundary(self, observed: pd.Series, topology: pd.DataFrame, bad: pd.DataFrame) -> pd.DataFrame:
         """The degraded rows (src, dst, step) of the links degraded on more steps than the other links of
         their boundary (same pair of stages) explain: count > n*p0 + z*sqrt(n*p0*(1-p0)), with n the
-        link's observed steps and p0 the other links' share of degraded steps."""
+        link's observed steps (`observed`, _LinkIds.observed_steps) and p0 the other links' share of
+        degraded steps."""
         if bad.empty:
             return bad
-        observed = _observed_steps(series, topology)
         degraded = _link_steps(bad, topology).groupby(["lo", "hi", "a", "b"]).size()
         degraded = degraded.reindex(observed.index, fill_value=0)
         boundary = ["lo", "hi"]
@@ -145,7 +184,6 @@ class FlapDetector:
         keep = degraded[degraded > bound].index.droplevel(boundary)
         pairs = pd.MultiIndex.from_arrays([bad[["src", "dst"]].min(axis=1), bad[["src", "dst"]].max(axis=1)])
         return bad[pairs.isin(keep)]
-
     def _links(self, store: Store, bad: pd.DataFrame, value: str, n_steps: int, bounds: pd.DataFrame,
                how: str) -> list[Finding]:
         if bad.empty:
@@ -226,54 +264,99 @@ def instance_members(store: Store, group: str, instance: int) -> list[int]:
                          cp=int(man.get("cp", 1)))
 
 
-def _above_boundary_peaks(topology: pd.DataFrame, series: pd.DataFrame, bad: pd.DataFrame) -> pd.DataFrame:
+def _arrays(store: Store, sql: str, params: dict | None = None) -> dict[str, np.ndarray]:
+    """A query's columns as numpy arrays (NULL: NaN), through Arrow: no pandas frame, whose blocks cost
+    a copy and ~1 s per 21.5 M rows; each column's Arrow buffers are let go once converted."""
+    def fetch() -> dict[str, np.ndarray]:
+        table = store.con.sql(sql, params=params or {}).to_arrow_reader(1 << 20).read_all()
+        out = {}
+        for name in table.column_names:
+            out[name] = table.column(name).to_numpy()
+            table = table.drop_columns([name])
+        return out
+    return store.run_with_retry(fetch)
+
+
+class _LinkIds:
+    """The links of a p2p series (one row per link-step, ends in either order) by dense ids: per row its
+    directed link (src -> dst), per directed link its unordered one, per unordered link its ends (a < b)
+    and stages (lo <= hi). One int64 code per row hashed once: grouping 21.5 M link-steps by two or four
+    columns took seconds, and each grouping repeated it."""
+
+    def __init__(self, src: np.ndarray, dst: np.ndarray, topology: pd.DataFrame) -> None:
+        width = int(max(src.max(), dst.max())) + 1 if len(src) else 1
+        directed, codes = pd.factorize(src.astype(np.int64) * width + dst)
+        self.directed = directed.astype(np.int32)
+        """Per row: its directed link."""
+        codes = np.asarray(codes, dtype=np.int64)
+        s, d = codes // width, codes % width
+        unordered, ucodes = pd.factorize(np.minimum(s, d) * width + np.maximum(s, d))
+        self.unordered_of = unordered.astype(np.int32)
+        """Per directed link: its unordered link."""
+        a, b = np.asarray(ucodes) // width, np.asarray(ucodes) % width
+        pp = topology.set_index("rank")["pp"]
+        pa, pb = pp.reindex(a).to_numpy(), pp.reindex(b).to_numpy()
+        self.links = pd.DataFrame({"lo": np.minimum(pa, pb), "hi": np.maximum(pa, pb), "a": a, "b": b})
+        """Per unordered link: lo, hi (its stages, NaN for a rank without one), a, b."""
+
+    def unordered(self) -> np.ndarray:
+        """Per row: its unordered link."""
+        return self.unordered_of[self.directed]
+
+    def observed_steps(self, step: np.ndarray) -> pd.Series:
+        """Steps observed per unordered link (either direction), indexed (lo, hi, a, b) like a groupby of
+        _link_steps (links without a stage left out)."""
+        link = self.unordered()
+        n_links = len(self.links)
+        lo = int(step.min()) if len(step) else 0
+        span = int(step.max()) - lo + 1 if len(step) else 1
+        if n_links * span <= max(4 * len(step), 1 << 24):
+            # a (link, step) bitmap: each link-step marked once however many rows it has
+            seen = np.zeros(n_links * span, dtype=bool)
+            seen[link.astype(np.int64) * span + (step - lo)] = True
+            counts = seen.reshape(n_links, span).sum(axis=1)
+        else:  # sparse steps: the first row of each (link, step) code
+            first = ~pd.Series(link.astype(np.int64) * span + (step - lo)).duplicated().to_numpy()
+            counts = np.bincount(link[first], minlength=n_links)
+        links = self.links.assign(n=counts).dropna(subset=["lo", "hi"])
+        links = links[links.n > 0].sort_values(["lo", "hi", "a", "b"])
+        return pd.Series(links.n.to_numpy(), index=pd.MultiIndex.from_frame(links[["lo", "hi", "a", "b"]]))
+
+
+def _link_noise(links: _LinkIds, step: np.ndarray, lr: np.ndarray) -> float:
+    """noise_sigma of the log ratio per directed link (non-finite ones left out), keyed by one int32
+    column: noise_sigma's grouping of 21.5 M link-steps by src and dst took ~1 s."""
+    finite = np.isfinite(lr)
+    cols = {"link": links.directed, "step": step, "lr": lr}
+    if not finite.all():
+        cols = {k: v[finite] for k, v in cols.items()}
+    # three dtypes, three blocks: copy=False keeps the arrays (one dtype twice would be stacked, a copy)
+    return noise_sigma(pd.DataFrame(cols, copy=False), "lr", key="link")
+
+
+def _above_boundary_peaks(links: _LinkIds, lr: np.ndarray, bad: pd.DataFrame) -> pd.DataFrame:
     """The degraded p2p rows whose log ratio exceeds the worst step of the boundary's typical link:
     the median, over the OTHER links of the same pair of stages, of each link's largest log ratio in
     the run. On a clean boundary that peak is a few noise sigmas, below the z_flag threshold, and this
     changes nothing; on a boundary whose transfers all carry random peer waiting (+1.2-1.5 ms on 4 ms)
-    it is the top of that scatter, which a link's own fault (+4 ms) still clears."""
+    it is the top of that scatter, which a link's own fault (+4 ms) still clears. `lr`: the log ratio
+    of every row of the series `links` was built from."""
     if bad.empty:
         return bad
-    with np.errstate(divide="ignore", invalid="ignore"):
-        lr = np.log(series.ratio.astype(float).to_numpy())
     finite = np.isfinite(lr)
-    link, links = _links_of(series, topology)
-    top = pd.Series(lr[finite]).groupby(link[finite]).max()   # each link's largest finite log ratio
-    peak = links.iloc[top.index.to_numpy()].assign(lr=top.to_numpy()).dropna(subset=["lo", "hi"])
+    link = links.unordered()
+    if not finite.all():
+        link, lr = link[finite], lr[finite]
+    top = np.full(len(links.links), -np.inf)
+    np.maximum.at(top, link, lr)   # each link's largest finite log ratio (a groupby took ~1 s)
+    has = np.bincount(link, minlength=len(top)) > 0
+    peak = links.links[has].assign(lr=top[has]).dropna(subset=["lo", "hi"])
     peak = peak.sort_values(["lo", "hi", "a", "b"]).reset_index(drop=True)
     peak["typical"] = leave_one_out_median(peak, ["lo", "hi"], "lr")
     typical = peak.set_index(["a", "b"]).typical
     pairs = pd.MultiIndex.from_arrays([bad[["src", "dst"]].min(axis=1), bad[["src", "dst"]].max(axis=1)])
     limit = typical.reindex(pairs).fillna(-np.inf).to_numpy()   # a link alone on its boundary: no peers
     return bad[bad.lr.to_numpy() > limit]
-
-
-def _links_of(rows: pd.DataFrame, topology: pd.DataFrame) -> tuple[np.ndarray, pd.DataFrame]:
-    """Per row of a (src, dst, ...) series: the id of its unordered link; and the links (lo, hi, a, b) by
-    id. One int64 code per row, factorized: grouping 21.5M link-steps by four columns took seconds."""
-    a = np.minimum(rows.src.to_numpy(), rows.dst.to_numpy()).astype(np.int64)
-    b = np.maximum(rows.src.to_numpy(), rows.dst.to_numpy()).astype(np.int64)
-    width = int(b.max()) + 1 if len(b) else 1
-    link, codes = pd.factorize(a * width + b)
-    la, lb = np.asarray(codes) // width, np.asarray(codes) % width
-    pp = topology.set_index("rank")["pp"]
-    pa, pb = pp.reindex(la).to_numpy(), pp.reindex(lb).to_numpy()
-    return link, pd.DataFrame({"lo": np.minimum(pa, pb), "hi": np.maximum(pa, pb), "a": la, "b": lb})
-
-
-def _observed_steps(series: pd.DataFrame, topology: pd.DataFrame) -> pd.Series:
-    """Steps observed per unordered link, indexed (lo, hi, a, b) like a groupby of _link_steps (links
-    without a stage left out)."""
-    link, links = _links_of(series, topology)
-    step = series.step.to_numpy(dtype=np.int64)
-    span = int(step.max() - step.min()) + 1 if len(step) else 1
-    first = ~pd.Series(link.astype(np.int64) * span + (step - (step.min() if len(step) else 0))).duplicated().to_numpy()
-    counts = np.bincount(link[first], minlength=len(links))
-    links = links.assign(n=counts).dropna(subset=["lo", "hi"])
-    links = links[links.n > 0].sort_values(["lo", "hi", "a", "b"])
-    return pd.Series(links.n.to_numpy(), index=pd.MultiIndex.from_frame(links[["lo", "hi", "a", "b"]]))
-
-
 def _link_steps(rows: pd.DataFrame, topology: pd.DataFrame, dedupe: bool = True) -> pd.DataFrame:
     """(lo, hi, a, b, step) once per unordered link and step: lo/hi its stages, a < b its ranks."""
     pp = topology.set_index("rank")["pp"]

@@ -29,8 +29,8 @@ def _run(tmp: Path, cfg: GenConfig) -> Run:
 def _degraded_share(run: Run, lo: int) -> float:
     """Share of the link-steps between stages lo and lo+1 that pass the per-step test alone."""
     store = run.store
-    store.execute(load_sql("p2p_links"))
-    series = store.query(load_sql("p2p_series"), {"warm": []})
+    store.execute(load_sql("p2p_links"), {"warm": []})
+    series = store.query(load_sql("p2p_series"))
     bad = FlapDetector()._degraded(series, ["src", "dst"], "floor_s")   # the run's noise: all links
     pp = store.topology.set_index("rank").pp
 

@@ -89,18 +89,25 @@ def rank_step_scores(store: Store, warmup_factor: float = 2.0) -> ScoreGrid | No
         return None
     v = grid.values
     stages = row_groups(grid.pp)
-    scratch = np.empty(grid.present.shape)
+    # x = log(max(v, 1e-9) / max(ref, 1e-9)), in place where it can be: each matrix is ~100 MB at
+    # 12,288 x 1,000 (fresh memory costs more in page faults than the arithmetic). forward_s first: only
+    # its score is judged, so it becomes x_forward_s and its reference's memory the scratch of the others
+    scratch = loo_median_rows(v["forward_s"], grid.present, stages)
+    fwd = v.pop("forward_s")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.maximum(fwd, 1e-9, out=fwd)
+        v["x_forward_s"] = np.log(np.divide(x, np.maximum(scratch, 1e-9, out=scratch), out=x), out=x)
     for m in MEASURES:
+        if m == "forward_s":
+            continue
         v[f"ref_{m}"] = loo_median_rows(v[m], grid.present, stages)
         if m == "gap_s":
             continue  # late launches judge the gap's excess in seconds, not its log ratio: x_gap_s is unread
-        # log(max(v, 1e-9) / max(ref, 1e-9)) in place: each temporary matrix is ~100 MB at 12,288 x 1,000,
-        # and a fresh one costs more in page faults than the arithmetic
         x = np.maximum(v[m], 1e-9)
         with np.errstate(divide="ignore", invalid="ignore"):
             np.divide(x, np.maximum(v[f"ref_{m}"], 1e-9, out=scratch), out=x)
             v[f"x_{m}"] = np.log(x, out=x)
-    del v["forward_s"], v["ref_forward_s"], scratch  # only its score is judged
+    del fwd, x, scratch
     tp_ref = loo_median_rows(v["work_s"], grid.present, row_groups(grid.pp, grid.dp))
     tp_ref[~(tp_ref > 0)] = np.nan  # no reference (NaN) or a zero one: no ratio
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -128,10 +135,12 @@ def load_grid(store: Store, columns: tuple[str, ...], warmup_factor: float = 2.0
     return None if grid.empty else grid
 
 
-def _fetch_grid(store: Store, columns: tuple[str, ...], chunk_ranks: int = 2048) -> ScoreGrid | None:
+def _fetch_grid(store: Store, columns: tuple[str, ...], chunk_ranks: int = 512) -> ScoreGrid | None:
     """rank_step's `columns` placed into rank x step matrices, `chunk_ranks` ranks a query (a bounded
     result each time, never one long table of all rows). Results come as Arrow columns turned into numpy
-    arrays, not pandas frames: at 12,288 ranks x 1,000 steps the frames cost ~1 s of the ~1.7 s."""
+    arrays, not pandas frames: at 12,288 ranks x 1,000 steps the frames cost ~1 s of the ~1.7 s. Small
+    chunks: DuckDB's allocator keeps a while what a result held (2,048 ranks a query: ~200 MB more
+    resident after the fetch, 512: ~30 MB; the fetch's CPU time did not change measurably)."""
     where = "FROM rank_step WHERE step_time_s > 0"
     ids = _arrow(store, f"SELECT DISTINCT rank, pp, dp, tp {where}")
     if not ids.num_rows:
@@ -150,12 +159,14 @@ def _fetch_grid(store: Store, columns: tuple[str, ...], chunk_ranks: int = 2048)
         first, last = int(ranks[lo]), int(ranks[hi - 1])
         rows = _arrow(store, f"SELECT rank, step, {select} {where} AND rank BETWEEN $lo AND $hi",
                       {"lo": first, "hi": last})
-        # flat positions in the chunk's rows of the matrices (every rank in [first, last] is one of ranks)
-        at = np.searchsorted(ranks, _ints(rows, "rank")) * len(steps) + np.searchsorted(steps, _ints(rows, "step"))
-        block = len(at) == (hi - lo) * len(steps) and at[0] == lo * len(steps) and bool((np.diff(at) == 1).all())
-        if block:  # every rank at every step, in (rank, step) order (a plain scan): contiguous copies
+        rank, step = rows.column("rank").to_numpy(), rows.column("step").to_numpy()
+        # every rank at every step, in (rank, step) order (a plain scan of a dense run): contiguous copies
+        block = (len(rank) == (hi - lo) * len(steps) and bool((rank.reshape(hi - lo, -1) == ranks[lo:hi, None]).all())
+                 and bool((step.reshape(hi - lo, -1) == steps).all()))
+        if block:
             grid.present[lo:hi] = True
-        else:
+        else:  # flat positions in the matrices (every rank in [first, last] is one of ranks)
+            at = np.searchsorted(ranks, rank) * len(steps) + np.searchsorted(steps, step)
             grid.present.ravel()[at] = True
         for c in columns:
             vals = rows.column(c).to_numpy(zero_copy_only=False).astype(float, copy=False)  # NULL: NaN
@@ -220,24 +231,25 @@ def _loo_groups(m: np.ndarray, present: np.ndarray, idx: np.ndarray, small: int,
         res = leave_one_out_median_ids(g * m.shape[1] + s, vals[g, j, s], small)
         out[idx[g, j], s] = res
     elif k > small:
-        out[idx] = np.median(vals, axis=1)[:, None, :]
+        out[idx] = np.median(vals, axis=1, overwrite_input=True)[:, None, :]  # vals: a copy
     elif k > 1:
         out[idx] = _loo_sorted(vals)
 
 
 def _loo_sorted(vals: np.ndarray) -> np.ndarray:
     """Leave-one-out medians along axis 1 of a (groups, k, steps) array without NaN: the median of the
-    sorted values with the member's own position skipped (_loo_small's rule)."""
+    sorted values with the member's own position skipped (_loo_small's rule). Only the order statistics
+    next to the middle are placed (a partition, not an argsort), and "the member sorts at or before j"
+    is read from its value: x <= the j-th smallest, which differs from its position only on a tie with
+    the (j+1)-th smallest, where both give the same value."""
     k = vals.shape[1]
-    order = np.argsort(vals, axis=1, kind="stable")
-    srt = np.take_along_axis(vals, order, axis=1)
-    pos = np.empty_like(order)
-    np.put_along_axis(pos, order, np.arange(k)[None, :, None], axis=1)
     m = k - 1
     lo, hi = (m - 1) // 2, m // 2
+    srt = np.partition(vals, sorted({lo, lo + 1, hi, hi + 1}), axis=1)
 
     def remaining(j: int) -> np.ndarray:  # j-th smallest of the others
-        return np.take_along_axis(srt, j + (j >= pos), axis=1)
+        at, after = srt[:, j:j + 1], srt[:, j + 1:j + 2]
+        return np.where(vals <= at, after, at)
 
     return (remaining(lo) + remaining(hi)) / 2
 
@@ -441,10 +453,12 @@ def noise_sigma_grid(grid: ScoreGrid, values: np.ndarray, floor: float = 0.003) 
         return noise_sigma(long, "v", floor=floor)
     if values.shape[1] < 3:  # a rank needs two differences
         return floor
-    # in place: a row's median does not depend on the order of its values, so the partitions may
-    # reorder d, and the deviations reuse its memory (each copy is ~100 MB at 12,288 x 1,000)
-    d = np.diff(values, axis=1)
-    d -= np.median(d, axis=1, overwrite_input=True)[:, None]
-    np.abs(d, out=d)
-    per_key = 1.4826 * np.median(d, axis=1, overwrite_input=True) / math.sqrt(2)
+    # a row's median does not depend on the order of its values, so the partitions may reorder d, and
+    # the deviations reuse its memory; 1,024 ranks at a time (a rank x step copy is ~100 MB at 12,288 x 1,000)
+    per_key = np.empty(len(values))
+    for c in range(0, len(values), 1024):
+        d = np.diff(values[c:c + 1024], axis=1)
+        d -= np.median(d, axis=1, overwrite_input=True)[:, None]
+        per_key[c:c + 1024] = np.median(np.abs(d, out=d), axis=1, overwrite_input=True)
+    per_key = 1.4826 * per_key / math.sqrt(2)
     return max(floor, float(np.median(per_key)))

@@ -31,7 +31,9 @@ and 4 GB), built once under --edge-out and reused while its build.json matches (
                offset per tile (collective members stay aligned; at a tile boundary a rank may get some
                ms between two steps, the spread of the ranks' step starts, never an overlap),
                collective seq + 1,000,000 per tile; one more segment per rank and table
-               (ParquetSegmentSink: numbering continues).
+               (ParquetSegmentSink: numbering continues): two per rank and table, as the tracer
+               writes its summaries (tracer/edge_summary.py SEGMENT_STEPS: one segment per 1,000
+               steps and one at close).
 It prints the build times, the edge tables' rows and size on disk, `megascope analyze --json` on the raw
 run, on summarized/ and on tiled/ side by side (findings compared with the raw run's verdict by verdict;
 the reports are kept as --edge-out/report-*.json), and with --phases the phase table of each.

@@ -196,7 +196,7 @@ class FailFirstEdgeWrite:
 def test_a_failed_summary_write_is_retried_and_the_raw_batch_written_once(one_rank, tmp_path):
     sim, events, steps = one_rank
     out = tmp_path / "run"
-    sink = SummarizingSink(FailFirstEdgeWrite(ParquetSegmentSink(out, 0)), 0)
+    sink = SummarizingSink(FailFirstEdgeWrite(ParquetSegmentSink(out, 0)), 0, segment_steps=1)
     n_steps = pc.max(steps["step"]).as_py() + 1
     for step in range(n_steps):  # one flush per step: its events, then its steps row
         sink.write("events", _of_step(events, step))
@@ -222,6 +222,30 @@ def test_a_failed_summary_write_is_retried_and_the_raw_batch_written_once(one_ra
         pd.testing.assert_frame_equal(_edge_rows(out, table, 0).drop(columns="final", errors="ignore"),
                                       _edge_rows(whole, table, 0).drop(columns="final", errors="ignore"),
                                       check_exact=False, rtol=1e-12, obj=table)
+
+
+def test_summaries_are_written_in_segments_of_segment_steps(one_rank, tmp_path):
+    """One segment per table per `segment_steps` steps (and the rest at close), not one per flush: the
+    same rows as a summary written per flush, in far fewer files."""
+    _, events, steps = one_rank
+    n_steps = pc.max(steps["step"]).as_py() + 1
+    outs = {}
+    for segment_steps in (1, 3):
+        out = outs[segment_steps] = tmp_path / f"every-{segment_steps}"
+        sink = SummarizingSink(ParquetSegmentSink(out, 0), 0, segment_steps=segment_steps)
+        for step in range(n_steps):  # one flush per step: its events, then its steps row
+            sink.write("events", _of_step(events, step))
+            sink.write("steps", _of_step(steps, step))
+            if segment_steps == 3 and step == LAG_STEPS + 1:  # steps 0 and 1 summarized, held
+                assert not (out / "edge_rank_step").exists()
+        sink.close()
+        assert sink.errors == 0
+    segments = sorted((outs[3] / "edge_rank_step" / "rank=00000").glob("seg-*.parquet"))
+    assert [pq.read_table(f)["step"].to_pylist() for f in segments] == [[0, 1, 2], [3, 4, 5], [6, 7]]
+    for table in EDGE:
+        assert len(list((outs[3] / table / "rank=00000").glob("seg-*.parquet"))) == 3, table
+        assert len(list((outs[1] / table / "rank=00000").glob("seg-*.parquet"))) == n_steps - LAG_STEPS + 1, table
+        pd.testing.assert_frame_equal(_edge_rows(outs[3], table, 0), _edge_rows(outs[1], table, 0), obj=table)
 
 
 # ---- the central merge of the ranks' collective rows ------------------------------------------------

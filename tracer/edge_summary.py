@@ -12,7 +12,8 @@ Three tables beside the events (tracer/schema.py EDGE, docs/schema.md):
 A step is summarized once LAG_STEPS later steps have a steps row (GPU-timed events are resolved after
 the step, and an async op's `.wait` may come in the next step: it decides whether the op counts), or
 when the tracer closes (those last rows are marked `final`: every steps row the rank wrote is then
-summarized); its events are held until then (a few steps of one rank). The rows are the
+summarized); its events are held until then (a few steps of one rank), and the summaries until
+SEGMENT_STEPS steps of them make one segment per table (or the tracer closes). The rows are the
 timeline pass's (the variant every run of up to 2,048 ranks takes). Nothing here raises into the
 flusher: the raw events are written first and stay the truth; a failure is logged and counted, and a
 rank whose summaries miss a step only sends the analyzer back to the raw events."""
@@ -45,6 +46,14 @@ _PEER_COLUMNS = [f.name for f in EDGE["edge_peer_step"]]
 _RANK_STEP_COLUMNS = [f.name for f in EDGE["edge_rank_step"] if f.name != "final"]
 WRITE_ORDER = ("edge_peer_step", "edge_collectives", "edge_rank_step")
 """edge_rank_step last: its rows say a step's summary is complete, its `final` rows that the rank's are."""
+SEGMENT_STEPS = 1000
+"""Summaries are written once this many steps are held (and at close): one segment per table per 1,000
+steps, not one per flush. The flusher runs every 5 s, so a 1,000-step run of ~1 s steps wrote ~170
+segments per rank and table, and the central analysis opens every file (~0.1 ms of CPU each: 6 M files,
+~10 min, at 12,288 ranks; the 24,576 files a table of the benchmark's case took 2.5 CPU s just to open).
+The analyzer reads the summaries only once every rank has closed (its `final` rows), so holding them
+loses nothing: a rank killed before close sends the analysis to the raw events either way. Held:
+~2 KB a step (rank_step, peer and collective rows), ~2 MB per rank."""
 
 
 def edge_sql(name: str) -> str:
@@ -171,16 +180,21 @@ class EdgeSummarizer:
 
 
 class SummarizingSink:
-    """A sink that passes every batch on, then writes the edge summaries of the steps each steps batch
-    completed (and of the rest at close). Summary rows that fail to write are kept and tried again at
-    the next write; a failure to summarize is logged and counted (`errors`), never raised: the flusher
-    must not take it for a failed write of the raw batch and write that twice."""
+    """A sink that passes every batch on, then summarizes the steps each steps batch completed (and the
+    rest at close), and writes the summaries once `segment_steps` steps are held, and at close. Summary
+    rows that fail to write are kept and tried again at the next write; a failure to summarize is logged
+    and counted (`errors`), never raised: the flusher must not take it for a failed write of the raw
+    batch and write that twice."""
 
-    def __init__(self, inner: Sink, rank: int) -> None:
+    def __init__(self, inner: Sink, rank: int, segment_steps: int = SEGMENT_STEPS) -> None:
         self.inner = inner
         self.summarizer = EdgeSummarizer(rank)
+        self.segment_steps = max(1, segment_steps)
         self.errors = 0
+        self._held: dict[str, list[pa.Table]] = {}
+        """Summaries not yet written, per edge table (fewer than segment_steps steps of them)."""
         self._pending: list[tuple[str, pa.Table]] = []
+        """Whole segments to write, in WRITE_ORDER; a failed write stays first for the next try."""
         try:
             # importing DuckDB and defining the macros holds the GIL ~0.1-0.3 s: pay it when the tracer
             # starts, not in a flush during training (as the flusher warms pyarrow up)
@@ -204,7 +218,13 @@ class SummarizingSink:
             self.summarizer.stopped = True
             tables = None
         if tables:
-            self._pending += [(name, tables[name]) for name in WRITE_ORDER if tables[name].num_rows]
+            for name in WRITE_ORDER:
+                if tables[name].num_rows:
+                    self._held.setdefault(name, []).append(tables[name])
+        held_steps = sum(t.num_rows for t in self._held.get("edge_rank_step", []))  # one row a step
+        if self._held and (final or held_steps >= self.segment_steps):
+            self._pending += [(name, pa.concat_tables(self._held.pop(name))) for name in WRITE_ORDER
+                              if name in self._held]
         while self._pending:
             name, rows = self._pending[0]
             try:

@@ -106,8 +106,10 @@ def test_traced_run_analyzes_from_its_edge_summaries_like_from_its_events(traced
 def test_a_rank_killed_before_close_sends_the_analyzer_to_the_raw_events(traced, tmp_path):
     cut = Path(shutil.copytree(traced, tmp_path / "cut", ignore=shutil.ignore_patterns("analysis")))
     segments = sorted((cut / "edge_rank_step" / "rank=00002").glob("seg-*.parquet"))
-    assert len(segments) > 1, "the tracer writes a rank's summaries over several flushes"
-    segments[-1].unlink()  # its last steps' summaries never written
+    # its summaries since the last whole segment never written: with 12 steps (< SEGMENT_STEPS) a rank
+    # writes one segment, at close, so a rank killed before close leaves none
+    assert segments
+    segments[-1].unlink()
     run = Run.open(cut)
     assert not edge_summaries_cover(run.store)
     _assert_same_analysis(run, Run.open(_raw_copy(traced, tmp_path / "raw")))

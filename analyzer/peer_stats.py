@@ -159,22 +159,26 @@ def _fetch_grid(store: Store, columns: tuple[str, ...], chunk_ranks: int = 512) 
         first, last = int(ranks[lo]), int(ranks[hi - 1])
         rows = _arrow(store, f"SELECT rank, step, {select} {where} AND rank BETWEEN $lo AND $hi",
                       {"lo": first, "hi": last})
-        rank, step = rows.column("rank").to_numpy(), rows.column("step").to_numpy()
-        # every rank at every step, in (rank, step) order (a plain scan of a dense run): contiguous copies
-        block = (len(rank) == (hi - lo) * len(steps) and bool((rank.reshape(hi - lo, -1) == ranks[lo:hi, None]).all())
-                 and bool((step.reshape(hi - lo, -1) == steps).all()))
-        if block:
-            grid.present[lo:hi] = True
-        else:  # flat positions in the matrices (every rank in [first, last] is one of ranks)
-            at = np.searchsorted(ranks, rank) * len(steps) + np.searchsorted(steps, step)
-            grid.present.ravel()[at] = True
+        # flat positions in the matrices (every rank in [first, last] is one of ranks); rank_step is in
+        # the event pass's batch order, not sorted, so the rows are scattered
+        at = _positions(ranks, rows.column("rank").to_numpy()) * len(steps)
+        at += _positions(steps, rows.column("step").to_numpy())
+        grid.present.ravel()[at] = True
         for c in columns:
-            vals = rows.column(c).to_numpy(zero_copy_only=False).astype(float, copy=False)  # NULL: NaN
-            if block:
-                grid.values[c][lo:hi] = vals.reshape(hi - lo, len(steps))
-            else:
-                grid.values[c].ravel()[at] = vals
+            grid.values[c].ravel()[at] = rows.column(c).to_numpy(zero_copy_only=False)  # NULL: NaN
     return grid
+
+
+def _positions(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The index of each value in the sorted, distinct `keys` (all values are keys): a lookup table over
+    the keys' span when it is compact (a gather: 12,288 ranks x 1,000 steps took 0.3 s in searchsorted),
+    else a binary search."""
+    lo, span = int(keys[0]), int(keys[-1]) - int(keys[0]) + 1
+    if span > 4 * len(keys) + 4096:
+        return np.searchsorted(keys, values)
+    table = np.zeros(span, dtype=np.int64)
+    table[keys - lo] = np.arange(len(keys))
+    return table[values - lo]
 
 
 def _arrow(store: Store, sql: str, params: dict | None = None) -> pa.Table:

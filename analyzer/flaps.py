@@ -35,8 +35,10 @@ from megascope.analyzer.event_pass import has_wait_spans
 from megascope.analyzer.findings import Finding, Kind, hosts_of, rank_list
 from megascope.analyzer.layout import group_members
 from megascope.analyzer.peer_stats import (
+    ScoreGrid,
     leave_one_out_median,
     noise_sigma,
+    noise_sigma_grid,
     warmup_steps,
 )
 from megascope.analyzer.store import Store, load_sql
@@ -118,7 +120,9 @@ class FlapDetector:
             return []
         # numpy arrays, not a frame: at 12,288 x 1,000 the series is 21.5 M link-steps, and only the few
         # degraded ones become rows (warm-up steps are left out in SQL, p2p_links)
-        s = _arrays(store, load_sql("p2p_series"))
+        # the rows p2p_series returns: one per direction with a floor
+        n = store.query("SELECT count(ab_floor_s) + count(ba_floor_s) AS n FROM p2p_link_pairs").n.iloc[0]
+        s = _arrays(store, load_sql("p2p_series"), int(n))
         if not len(s["step"]):
             return []
         floor, base = s["floor_s"], s["baseline_s"]
@@ -128,21 +132,27 @@ class FlapDetector:
         with np.errstate(divide="ignore", invalid="ignore"):
             np.divide(floor, base, out=lr, where=base != 0)
             np.log(lr, out=lr)
-        links = _LinkIds(s["src"], s["dst"], store.topology)
-        sigma = _link_noise(links, s["step"], lr)
+        # the rows over the flag ratio with real extra time, taken before the noise is known (its
+        # threshold is never below the flag ratio's), so that the series' other columns can go first
         with np.errstate(invalid="ignore"):
-            rows = np.flatnonzero(lr >= self._threshold(sigma))
+            rows = np.flatnonzero(lr >= np.log(self.cfg.flag_ratio))
         rows = rows[floor[rows] - base[rows] >= self.cfg.min_extra_s]
         bad = pd.DataFrame({"src": s["src"][rows], "dst": s["dst"][rows], "step": s["step"][rows],
                             "floor_s": floor[rows], "baseline_s": base[rows], "ratio": floor[rows] / base[rows],
                             "lr": lr[rows]})
+        src, dst, step = s["src"], s["dst"], s["step"]
+        del s, floor, base  # what is left reads the links, steps and log ratios
+        links = _LinkIds(src, dst, store.topology)
+        del src, dst
+        bad = bad[bad.lr.to_numpy() >= self._threshold(_link_noise(links, step, lr))]
         bad = _above_boundary_peaks(links, lr, bad)
-        bad = self._beyond_boundary(links.observed_steps(s["step"]), store.topology, bad)
+        bad = self._beyond_boundary(links.observed_steps(step), store.topology, bad)
         return self._links(store, bad, "floor_s", n_steps, bounds, "transfer")
 
     def _stalls(self, store: Store, n_steps: int, bounds: pd.DataFrame) -> list[Finding]:
         c = self.cfg
-        s = _arrays(store, load_sql("p2p_stalls"))
+        n = store.query("SELECT count(*) AS n FROM p2p_link_pairs WHERE a < b").n.iloc[0]   # p2p_stalls' rows
+        s = _arrays(store, load_sql("p2p_stalls"), int(n))
         if not len(s["step"]):
             return []
         stall, base, step = s["stall_s"], s["baseline_s"], s["step"]
@@ -264,17 +274,41 @@ def instance_members(store: Store, group: str, instance: int) -> list[int]:
                          cp=int(man.get("cp", 1)))
 
 
-def _arrays(store: Store, sql: str, params: dict | None = None) -> dict[str, np.ndarray]:
+def _arrays(store: Store, sql: str, rows: int | None = None) -> dict[str, np.ndarray]:
     """A query's columns as numpy arrays (NULL: NaN), through Arrow: no pandas frame, whose blocks cost
-    a copy and ~1 s per 21.5 M rows; each column's Arrow buffers are let go once converted."""
-    def fetch() -> dict[str, np.ndarray]:
-        table = store.con.sql(sql, params=params or {}).to_arrow_reader(1 << 20).read_all()
+    a copy and ~1 s per 21.5 M rows. With `rows` (the count, when the caller knows it) each batch is
+    copied into its place as it comes, so the Arrow result and the arrays are never both held (~0.7 GB
+    at 21.5 M link-steps); a result of another size, or a NULL in an integer column, is read again
+    whole."""
+    def whole() -> dict[str, np.ndarray]:
+        table = store.con.sql(sql).to_arrow_reader(1 << 20).read_all()
         out = {}
         for name in table.column_names:
             out[name] = table.column(name).to_numpy()
-            table = table.drop_columns([name])
+            table = table.drop_columns([name])   # its buffers go now, not with the last column
         return out
-    return store.run_with_retry(fetch)
+
+    def streamed() -> dict[str, np.ndarray] | None:
+        assert rows is not None
+        reader = store.con.sql(sql).to_arrow_reader(1 << 20)
+        out = {f.name: np.empty(rows, dtype=f.type.to_pandas_dtype()) for f in reader.schema}
+        at = 0
+        for batch in reader:
+            end = at + batch.num_rows
+            if end > rows:
+                return None
+            for name, col in zip(batch.schema.names, batch.columns):
+                if col.null_count and out[name].dtype.kind != "f":
+                    return None
+                out[name][at:end] = col.to_numpy(zero_copy_only=False)
+            at = end
+        return out if at == rows else None
+
+    if rows is not None:
+        got = store.run_with_retry(streamed)
+        if got is not None:
+            return got
+    return store.run_with_retry(whole)
 
 
 class _LinkIds:
@@ -285,7 +319,11 @@ class _LinkIds:
 
     def __init__(self, src: np.ndarray, dst: np.ndarray, topology: pd.DataFrame) -> None:
         width = int(max(src.max(), dst.max())) + 1 if len(src) else 1
-        directed, codes = pd.factorize(src.astype(np.int64) * width + dst)
+        code = src.astype(np.int64)   # src * width + dst, in place (each temporary: 172 MB at 21.5 M rows)
+        code *= width
+        code += dst
+        directed, codes = pd.factorize(code)
+        del code
         self.directed = directed.astype(np.int32)
         """Per row: its directed link."""
         codes = np.asarray(codes, dtype=np.int64)
@@ -310,13 +348,17 @@ class _LinkIds:
         n_links = len(self.links)
         lo = int(step.min()) if len(step) else 0
         span = int(step.max()) - lo + 1 if len(step) else 1
+        cell = link.astype(np.int64)   # link * span + step - lo, in place
+        cell *= span
+        cell += step
+        cell -= lo
         if n_links * span <= max(4 * len(step), 1 << 24):
             # a (link, step) bitmap: each link-step marked once however many rows it has
             seen = np.zeros(n_links * span, dtype=bool)
-            seen[link.astype(np.int64) * span + (step - lo)] = True
+            seen[cell] = True
             counts = seen.reshape(n_links, span).sum(axis=1)
-        else:  # sparse steps: the first row of each (link, step) code
-            first = ~pd.Series(link.astype(np.int64) * span + (step - lo)).duplicated().to_numpy()
+        else:  # sparse steps: the first row of each (link, step) cell
+            first = ~pd.Series(cell).duplicated().to_numpy()
             counts = np.bincount(link[first], minlength=n_links)
         links = self.links.assign(n=counts).dropna(subset=["lo", "hi"])
         links = links[links.n > 0].sort_values(["lo", "hi", "a", "b"])
@@ -324,9 +366,22 @@ class _LinkIds:
 
 
 def _link_noise(links: _LinkIds, step: np.ndarray, lr: np.ndarray) -> float:
-    """noise_sigma of the log ratio per directed link (non-finite ones left out), keyed by one int32
-    column: noise_sigma's grouping of 21.5 M link-steps by src and dst took ~1 s."""
+    """noise_sigma of the log ratio per directed link (non-finite ones left out). When every link has
+    every step once (all finite), the links x steps matrix is placed by the link ids and given to
+    noise_sigma_grid (its rows are then links, not ranks: the same statistic per key); else noise_sigma
+    keyed by one int32 column (its grouping of 21.5 M link-steps by src and dst took ~1 s)."""
     finite = np.isfinite(lr)
+    n_links = int(links.directed.max()) + 1 if len(lr) else 0
+    lo = int(step.min()) if len(step) else 0
+    span = int(step.max()) - lo + 1 if len(step) else 0
+    if finite.all() and n_links * span == len(lr):
+        dense = np.full((n_links, span), np.nan)
+        dense[links.directed, step - lo] = lr
+        if not np.isnan(dense).any():  # as many rows as cells, each cell filled: each once
+            grid = ScoreGrid(np.arange(n_links), np.arange(lo, lo + span), np.ones(dense.shape, dtype=bool),
+                             *(np.empty(0),) * 4, values={})
+            return noise_sigma_grid(grid, dense)
+        del dense
     cols = {"link": links.directed, "step": step, "lr": lr}
     if not finite.all():
         cols = {k: v[finite] for k, v in cols.items()}

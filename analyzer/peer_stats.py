@@ -17,7 +17,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -41,8 +43,10 @@ class ScoreGrid:
     and its groupbys took ~25 s; per-stage and per-group statistics here are reductions along an axis.
 
     `values` holds the SCORE_COLUMNS but forward_s, their peer references `ref_<m>` (MEASURES but
-    forward_s), scores `x_<m>` (MEASURES but gap_s), tp_ratio and x_replica_work_s. `frame(rows)` gives
-    the long rows of a few ranks (the per-rank analysis of candidates)."""
+    forward_s) and scores `x_<m>` (MEASURES but gap_s); `derived` the columns only candidates' rows are
+    read in (tp_ratio, x_replica_work_s), made for the rows asked (a rank x step matrix each is ~100 MB
+    at 12,288 x 1,000). `frame(rows)` gives the long rows of a few ranks (the per-rank analysis of
+    candidates) with both."""
 
     ranks: np.ndarray
     steps: np.ndarray
@@ -53,6 +57,9 @@ class ScoreGrid:
     tp: np.ndarray
     host: np.ndarray
     values: dict[str, np.ndarray]
+    derived: dict[str, Callable[[ScoreGrid, np.ndarray], np.ndarray]] = field(default_factory=dict)
+    """name -> f(grid, rows): the column's (len(rows), steps) matrix for the grid rows `rows` (the grid is
+    an argument, not held: a grid that referred to itself would be freed only by the cyclic GC)."""
 
     def __getitem__(self, name: str) -> np.ndarray:
         return self.values[name]
@@ -77,8 +84,8 @@ class ScoreGrid:
         ri = rows[r]
         out = {"rank": self.ranks[ri], "step": self.steps[s], "pp": self.pp[ri], "dp": self.dp[ri],
                "tp": self.tp[ri], "host": self.host[ri]}
-        for name in columns if columns is not None else self.values:
-            out[name] = self.values[name][ri, s]
+        for name in columns if columns is not None else [*self.values, *self.derived]:
+            out[name] = self.values[name][ri, s] if name in self.values else self.derived[name](self, rows)[r, s]
         return pd.DataFrame(out)
 
 
@@ -108,12 +115,28 @@ def rank_step_scores(store: Store, warmup_factor: float = 2.0) -> ScoreGrid | No
             np.divide(x, np.maximum(v[f"ref_{m}"], 1e-9, out=scratch), out=x)
             v[f"x_{m}"] = np.log(x, out=x)
     del fwd, x, scratch
-    tp_ref = loo_median_rows(v["work_s"], grid.present, row_groups(grid.pp, grid.dp))
-    tp_ref[~(tp_ref > 0)] = np.nan  # no reference (NaN) or a zero one: no ratio
-    with np.errstate(divide="ignore", invalid="ignore"):
-        v["tp_ratio"] = np.divide(v["work_s"], tp_ref, out=tp_ref)
-    v["x_replica_work_s"] = replica_score(grid, "x_work_s")
+    grid.derived["tp_ratio"] = partial(_tp_ratio, row_groups(grid.pp, grid.dp))
+    grid.derived["x_replica_work_s"] = replica_score_rows(grid, "x_work_s")
     return grid
+
+
+def _tp_ratio(groups: list[np.ndarray], grid: ScoreGrid, rows: np.ndarray) -> np.ndarray:
+    """work_s / the median of the other ranks of the same tensor-parallel group (pp, dp) at each step
+    (NaN without a positive reference), for the grid rows `rows`: leave-one-out medians of their groups
+    only (each group's medians do not depend on the others)."""
+    group_of = np.empty(len(grid.ranks), dtype=np.int64)
+    for i, g in enumerate(groups):
+        group_of[g] = i
+    mine = [groups[i] for i in np.unique(group_of[rows])]
+    sub = np.concatenate(mine)
+    starts = np.cumsum([0] + [len(g) for g in mine])
+    work = grid["work_s"][sub]
+    ref = loo_median_rows(work, grid.present[sub], [np.arange(a, b) for a, b in zip(starts[:-1], starts[1:])])
+    ref[~(ref > 0)] = np.nan  # no reference (NaN) or a zero one: no ratio
+    at = np.empty(len(grid.ranks), dtype=np.int64)
+    at[sub] = np.arange(len(sub))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (work / ref)[at[rows]]
 
 
 def load_grid(store: Store, columns: tuple[str, ...], warmup_factor: float = 2.0) -> ScoreGrid | None:
@@ -262,6 +285,12 @@ def replica_score(grid: ScoreGrid, column: str) -> np.ndarray:
     """Per rank-step: the median over the same data-parallel replica's OTHER stages of their mean score
     (NaN with one stage). Those ranks compute the same micro-batches: when the replica drew long
     sequences they are slow at the same steps, while a slow GPU slows only its own stage."""
+    return replica_score_rows(grid, column)(grid, np.arange(len(grid.ranks)))
+
+
+def replica_score_rows(grid: ScoreGrid, column: str) -> Callable[[ScoreGrid, np.ndarray], np.ndarray]:
+    """replica_score for the grid rows asked: the per-block medians (blocks x steps) are computed here,
+    the rank x step matrix is not."""
     blocks = row_groups(grid.dp, grid.pp)     # (dp, pp) blocks, in (dp, pp) order
     keys = np.array([(grid.dp[b[0]], grid.pp[b[0]]) for b in blocks])
     x, here = grid[column], grid.present
@@ -269,10 +298,13 @@ def replica_score(grid: ScoreGrid, column: str) -> np.ndarray:
     # the blocks of each replica are the members of its groups: the same leave-one-out rule
     replicas = row_groups(keys[:, 0])
     other = loo_median_rows(mean, has, replicas)
-    out = np.full(x.shape, np.nan)
+    block_of = np.empty(len(x), dtype=np.int64)
     for i, b in enumerate(blocks):
-        out[b] = np.where(here[b], other[i], np.nan)
-    return out
+        block_of[b] = i
+
+    def rows_of(of: ScoreGrid, rows: np.ndarray) -> np.ndarray:
+        return np.where(of.present[rows], other[block_of[rows]], np.nan)
+    return rows_of
 
 
 def kahan_mean(vals: np.ndarray, here: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -507,10 +507,17 @@ def stage_balance(grid: ScoreGrid) -> pd.DataFrame:
                 low[i, c], med[i, c] = np.quantile(col, 0.25, method="lower"), np.median(col)
     rows = []
     exists = ~np.isnan(med)
+    # the other stages' median per stage and step: along the stage axis at once when every stage has a
+    # value at every step (8 stages x 1,000 steps: 8,000 medians of 7 values took ~0.2 s one by one)
+    ref_all = (np.stack([np.median(np.delete(med, k, axis=0), axis=0) for k in range(len(stages))])
+               if exists.all() else None)
     for j, step in enumerate(grid.steps):
         for k in np.flatnonzero(exists[:, j]):
-            others = med[exists[:, j] & (np.arange(len(stages)) != k), j]
-            ref = float(np.median(others)) if len(others) else float("nan")
+            if ref_all is not None:
+                ref = float(ref_all[k, j])
+            else:
+                others = med[exists[:, j] & (np.arange(len(stages)) != k), j]
+                ref = float(np.median(others)) if len(others) else float("nan")
             rows.append((int(step), int(stages[k]), math.log(max(low[k, j], 1e-9) / max(ref, 1e-9)), med[k, j]))
     return pd.DataFrame(rows, columns=["step", "pp", "y", "stage_work_s"])
 

@@ -4,6 +4,8 @@ ones (ranks missing at some steps: the long-form fallbacks)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -11,11 +13,15 @@ import pytest
 from megascope.analyzer.episodes import cusum_stretches, cusum_stretches_rows
 from megascope.analyzer.peer_stats import (
     ScoreGrid,
+    _tp_ratio,
     kahan_mean,
+    kahan_means,
     leave_one_out_median,
     loo_median_rows,
     noise_sigma,
     noise_sigma_grid,
+    replica_score,
+    replica_score_rows,
     row_groups,
 )
 from megascope.analyzer.workload_imbalance import _rolling_median
@@ -110,3 +116,37 @@ def test_noise_sigma_of_a_dense_shuffled_series_is_the_per_key_statistic():
     # one link twice at a step: not a matrix; the sorted path, the same statistic
     dup = pd.concat([df, df.iloc[:1].assign(v=0.9)])
     assert noise_sigma(dup, "v", key=["src", "dst"]) == by_hand(dup)
+
+
+@pytest.mark.parametrize("missing", [0.0, 0.2])
+def test_kahan_means_of_many_groups_match_one_group_at_a_time(missing: float):
+    rng = np.random.default_rng(13)
+    grid = _grid(rng, 3, 4, 2, steps=40, missing=missing)
+    if missing:  # else every value is there: the dense steps' in-place path
+        grid["v"][rng.random(grid["v"].shape) < 0.05] = np.nan
+    groups = row_groups(grid.dp, grid.pp) + [np.array([0, 5, 7])]  # groups of two sizes
+    mean, has = kahan_means(grid["v"], grid.present, groups)
+    for i, g in enumerate(groups):
+        want_mean, want_has = kahan_mean(grid["v"][g], grid.present[g])
+        np.testing.assert_array_equal(mean[i], want_mean)
+        np.testing.assert_array_equal(has[i], want_has)
+
+
+@pytest.mark.parametrize("missing", [0.0, 0.2])
+def test_derived_columns_for_some_rows_match_the_whole_matrix(missing: float):
+    rng = np.random.default_rng(17)
+    grid = _grid(rng, 3, 4, 2, steps=25, missing=missing)
+    grid.values["work_s"] = grid.values["v"]
+    groups = row_groups(grid.pp, grid.dp)
+    ref = loo_median_rows(grid["work_s"], grid.present, groups)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        whole = grid["work_s"] / np.where(ref > 0, ref, np.nan)
+    rows = np.array([1, 7, 8, 20])
+    np.testing.assert_array_equal(_tp_ratio(groups, grid, rows), whole[rows])
+    replica = replica_score(grid, "v")
+    np.testing.assert_array_equal(replica_score_rows(grid, "v")(grid, rows), replica[rows])
+    # the long rows carry the derived columns of their rank-steps
+    grid.derived["tp_ratio"] = partial(_tp_ratio, groups)
+    long = grid.frame(rows)
+    r, s = np.nonzero(grid.present[rows])
+    np.testing.assert_array_equal(long.tp_ratio.to_numpy(), whole[rows][r, s])

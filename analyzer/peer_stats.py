@@ -218,6 +218,22 @@ def _ints(table: pa.Table, column: str) -> np.ndarray:
     return table.column(column).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+def median_inplace(a: np.ndarray) -> np.ndarray:
+    """np.median along the last axis, the same values, partitioning `a` in place (its last axis
+    reordered): without NaN, only the middle element(s) are placed; np.median also places each lane's
+    maximum for its NaN check, ~8x the time at odd lengths (1,024 ranks x 999 differences: 9 ms
+    against 1.2). With a NaN (or nothing), np.median itself."""
+    n = a.shape[-1]
+    if n == 0 or np.isnan(a).any():
+        return np.asarray(np.median(a, axis=-1, overwrite_input=True))
+    h = n // 2
+    if n % 2:
+        a.partition(h, axis=-1)
+        return a[..., h].copy()
+    a.partition([h - 1, h], axis=-1)
+    return (a[..., h - 1] + a[..., h]) / 2
+
+
 def column_medians(m: np.ndarray, present: np.ndarray) -> np.ndarray:
     """Per step (column): the median over the ranks with a row."""
     if present.all():
@@ -411,9 +427,9 @@ def noise_sigma(scores: pd.DataFrame, column: str, key: str | list[str] = "rank"
             return floor
         d2 = np.diff(dense, axis=1)
         del dense
-        d2 -= np.median(d2, axis=1)[:, None]
+        d2 -= median_inplace(d2)[:, None]  # a row's median does not depend on the order of its values
         np.abs(d2, out=d2)
-        per_row = 1.4826 * np.median(d2, axis=1) / math.sqrt(2)
+        per_row = 1.4826 * median_inplace(d2) / math.sqrt(2)
         return max(floor, float(np.median(per_row)))
     order = np.lexsort((steps, gid))  # each key's steps in order (numpy: 10^6 rows fast)
     g, v = gid[order], values[order]
@@ -504,7 +520,7 @@ def noise_sigma_grid(grid: ScoreGrid, values: np.ndarray, floor: float = 0.003) 
     per_key = np.empty(len(values))
     for c in range(0, len(values), 1024):
         d = np.diff(values[c:c + 1024], axis=1)
-        d -= np.median(d, axis=1, overwrite_input=True)[:, None]
-        per_key[c:c + 1024] = np.median(np.abs(d, out=d), axis=1, overwrite_input=True)
+        d -= median_inplace(d)[:, None]
+        per_key[c:c + 1024] = median_inplace(np.abs(d, out=d))
     per_key = 1.4826 * per_key / math.sqrt(2)
     return max(floor, float(np.median(per_key)))

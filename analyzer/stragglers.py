@@ -42,6 +42,7 @@ from megascope.analyzer.findings import Finding, hosts_of
 from megascope.analyzer.peer_stats import (
     ScoreGrid,
     loo_median_rows,
+    median_inplace,
     noise_sigma,
     noise_sigma_grid,
     rank_step_scores,
@@ -371,7 +372,7 @@ class StragglerDetector:
         n, m = len(idx), len(prev)
         if n < cfg.sustained_min_steps or m < cfg.sustained_min_steps:
             return None
-        level, base = float(np.median(x[idx])), float(np.median(x[prev]))
+        level, base = float(median_inplace(x[idx])), float(median_inplace(x[prev]))  # (copies)
         stderr = 1.2533 * sigma * math.sqrt(1 / n + 1 / m)
         if level < math.log(cfg.min_ratio) or level - base < max(math.log(cfg.min_ratio), cfg.sustained_se * stderr):
             return None

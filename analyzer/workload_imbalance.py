@@ -30,7 +30,14 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
-from megascope.analyzer.peer_stats import ScoreGrid, column_medians, kahan_means, load_grid, row_groups
+from megascope.analyzer.peer_stats import (
+    ScoreGrid,
+    column_medians,
+    kahan_means,
+    load_grid,
+    median_inplace,
+    row_groups,
+)
 from megascope.analyzer.store import Store
 
 
@@ -169,8 +176,8 @@ def replica_spread(grid: ScoreGrid, level_window: int) -> SpreadStats | None:
     if not len(e):
         sigma = float("nan")
     else:
-        e -= np.median(e, overwrite_input=True)
-        sigma = max(1e-3, 1.4826 * float(np.median(np.abs(e, out=e), overwrite_input=True)))
+        e -= median_inplace(e)
+        sigma = max(1e-3, 1.4826 * float(median_inplace(np.abs(e, out=e))))
     rep = rep[rep.groupby("step").dp.transform("size") >= 2]
     if rep.empty:
         return None

@@ -18,6 +18,7 @@ from megascope.analyzer.peer_stats import (
     kahan_means,
     leave_one_out_median,
     loo_median_rows,
+    median_inplace,
     noise_sigma,
     noise_sigma_grid,
     replica_score,
@@ -150,3 +151,16 @@ def test_derived_columns_for_some_rows_match_the_whole_matrix(missing: float):
     long = grid.frame(rows)
     r, s = np.nonzero(grid.present[rows])
     np.testing.assert_array_equal(long.tp_ratio.to_numpy(), whole[rows][r, s])
+
+
+@pytest.mark.filterwarnings("ignore:Mean of empty slice", "ignore:invalid value encountered")  # the (5, 0) lanes
+def test_median_inplace_is_np_median_bit_for_bit():
+    rng = np.random.default_rng(19)
+    for shape in [(7,), (8,), (3, 999), (4, 1000), (2, 1), (5, 0)]:
+        for values in (rng.normal(size=shape), rng.integers(0, 3, size=shape).astype(float)):  # ties too
+            want = np.median(values, axis=-1)
+            got = median_inplace(values.copy())
+            assert np.asarray(got).tobytes() == np.asarray(want).tobytes()
+    with_nan = rng.normal(size=(3, 9))
+    with_nan[1, 4] = np.nan
+    np.testing.assert_array_equal(median_inplace(with_nan.copy()), np.median(with_nan, axis=-1))

@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import duckdb
 import jsonschema
 import numpy as np
 import pandas as pd
@@ -85,12 +86,15 @@ def test_workload_imbalance_finding_validates():
     rows = [((s * 4 + d) * 2 + t, step, s, d, 0.1 * factors[step, d] * np.exp(rng.normal(0, 0.005)), 0.5)
             for step in range(20) for s in range(2) for d in range(4) for t in range(2)]
     table = pd.DataFrame(rows, columns=["rank", "step", "pp", "dp", "work_s", "step_time_s"])
+    table = table.assign(tp=0, forward_s=table.work_s, backward_s=0.0)  # work_s = forward_s + backward_s
 
-    class Store:
+    class Store:  # the detector's queries run on a real DuckDB rank_step table
         topology = table[["rank", "pp", "dp"]].drop_duplicates().assign(host="h0")
+        con = duckdb.connect()
+        con.register("rank_step", table)
 
-        def query(self, sql, params=None):
-            return table
+        def run_with_retry(self, action):
+            return action()
 
     (finding,) = WorkloadImbalanceDetector().detect(Store())
     finding_schema = {**SCHEMA, "$ref": "#/$defs/finding"}

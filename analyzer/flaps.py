@@ -80,15 +80,16 @@ class FlapDetector:
         n_steps = len(bounds)
         if n_steps == 0:
             return []
+        wait_spans = has_wait_spans(store)  # CPU (gloo) traces: one query over the first rank's events
         # both p2p series read one pairing of each link's two ends; dropped once read (10.75 M rows at
         # 12,288 ranks x 1,000 steps)
         store.execute(load_sql("p2p_links"), {"warm": warm})
         try:
-            out = self._p2p(store, n_steps, bounds) + self._stalls(store, n_steps, bounds)
+            out = self._p2p(store, n_steps, bounds, wait_spans) + self._stalls(store, n_steps, bounds)
         finally:
             store.execute("DROP TABLE IF EXISTS p2p_link_pairs")
         links = group_boundaries(_dedupe_links(out), store.topology, self.cfg.group_links)
-        return links + self._collectives(store, n_steps, bounds, warm)
+        return links + self._collectives(store, n_steps, bounds, warm, wait_spans)
 
     def _threshold(self, sigma: float) -> float:
         """The log ratio a step must reach: the flag ratio, and beyond z_flag noise sigmas."""
@@ -112,8 +113,8 @@ class FlapDetector:
                                                       series.baseline_s.to_numpy(dtype=float) >= c.min_extra_s)
         return series[keep].assign(lr=lr[keep])
 
-    def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame) -> list[Finding]:
-        if has_wait_spans(store):
+    def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame, wait_spans: bool) -> list[Finding]:
+        if wait_spans:
             # CPU (gloo) traces: a p2p span ends when its host called wait(), so its floor measures the
             # hosts' scheduling, not the link (8 ranks on 2 cores gave false 2-step "flaps" of +1 ms);
             # there a link shows as both ends stalled before their transfers (_stalls)
@@ -209,8 +210,9 @@ class FlapDetector:
                 out.append(f)
         return out
 
-    def _collectives(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: list[int]) -> list[Finding]:
-        if has_wait_spans(store):
+    def _collectives(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: list[int],
+                     wait_spans: bool) -> list[Finding]:
+        if wait_spans:
             # CPU (gloo) traces: an async collective's end is when the tracer saw it complete (the next
             # tracer event or sweep, up to ms later), so end - last arrival is not the group's transfer
             # time (a clean real run gave a false dp-group "flap" of +0.9 ms)

@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -94,6 +95,7 @@ def rank_step_scores(store: Store, warmup_factor: float = 2.0) -> ScoreGrid | No
     grid = load_grid(store, SCORE_COLUMNS, warmup_factor)
     if grid is None:
         return None
+    hand_over(store, grid, warmup_factor)  # for the workload imbalance detector (take_grid)
     v = grid.values
     stages = row_groups(grid.pp)
     # x = log(max(v, 1e-9) / max(ref, 1e-9)), in place where it can be: each matrix is ~100 MB at
@@ -137,6 +139,38 @@ def _tp_ratio(groups: list[np.ndarray], grid: ScoreGrid, rows: np.ndarray) -> np
     at[sub] = np.arange(len(sub))
     with np.errstate(divide="ignore", invalid="ignore"):
         return (work / ref)[at[rows]]
+
+
+HANDED_COLUMNS = ("step_time_s", "work_s")
+_handed: weakref.WeakKeyDictionary[Store, tuple[tuple, float, ScoreGrid]] = weakref.WeakKeyDictionary()
+"""Per store: the straggler detector's step_time_s and work_s matrices (with a fingerprint of the
+rank_step rows they came from and the warm-up factor), which the workload imbalance detector takes once
+instead of reading rank_step again (~0.5-1 s at 12,288 x 1,000). Held in between (the flap detector
+runs there: ~210 MB, below the straggler detector's own peak); a store that is gone drops its entry."""
+
+
+def hand_over(store: Store, grid: ScoreGrid, warmup_factor: float) -> None:
+    """Keep `grid`'s HANDED_COLUMNS (the same arrays, not copies: nobody writes them) for take_grid."""
+    part = ScoreGrid(grid.ranks, grid.steps, grid.present, grid.pp, grid.dp, grid.tp, grid.host,
+                     {c: grid.values[c] for c in HANDED_COLUMNS})
+    _handed[store] = (_fingerprint(store), warmup_factor, part)
+
+
+def take_grid(store: Store, warmup_factor: float) -> ScoreGrid | None:
+    """The grid hand_over kept for this store (once), when rank_step still holds the same rows and the
+    warm-up factor is the same; else None."""
+    kept = _handed.pop(store, None)
+    if kept is None or kept[1] != warmup_factor or kept[0] != _fingerprint(store):
+        return None
+    return kept[2]
+
+
+def _fingerprint(store: Store) -> tuple:
+    """The rank_step rows the grids are made of, in one value (count, last step, XOR of the rows' hashes:
+    exact and independent of the row order; a sum of floats is neither). ~50 ms at 12.3 M rows."""
+    row = _arrow(store, "SELECT count(*) AS n, max(step) AS last, bit_xor(hash(rank, step, step_time_s, forward_s, "
+                        "backward_s)) AS h FROM rank_step WHERE step_time_s > 0").to_pylist()[0]
+    return (row["n"], row["last"], row["h"])
 
 
 def load_grid(store: Store, columns: tuple[str, ...], warmup_factor: float = 2.0) -> ScoreGrid | None:

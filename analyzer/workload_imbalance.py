@@ -37,6 +37,7 @@ from megascope.analyzer.peer_stats import (
     load_grid,
     median_inplace,
     row_groups,
+    take_grid,
 )
 from megascope.analyzer.store import Store
 
@@ -112,7 +113,7 @@ class WorkloadImbalanceDetector:
 def compute_per_rank_step(store: Store, warmup_factor: float = 2.0) -> ScoreGrid | None:
     """work_s (own forward + backward) and step_time_s per rank and step (rank x step matrices), warm-up
     steps dropped as the straggler detector drops them; None: no rank-step with time."""
-    return load_grid(store, ("step_time_s", "work_s"), warmup_factor)
+    return take_grid(store, warmup_factor) or load_grid(store, ("step_time_s", "work_s"), warmup_factor)
 
 
 @dataclass

@@ -7,7 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from megascope.analyzer.peer_stats import HANDED_COLUMNS, load_grid, take_grid
 from megascope.analyzer.store import Store
+from megascope.analyzer.stragglers import StragglerDetector
 from megascope.analyzer.workload_imbalance import WorkloadImbalanceDetector
 
 DP, PP, TP, STEPS = 4, 2, 2, 20
@@ -40,12 +42,16 @@ def table(replica_factor, rank_jitter: float = 0.005, dp: int = DP, pp: int = PP
     return pd.DataFrame(rows, columns=["rank", "step", "pp", "dp", "tp", "forward_s", "backward_s", "step_time_s"])
 
 
-def detect(stores, df: pd.DataFrame) -> list:
+def put(stores, df: pd.DataFrame) -> Store:
     store = stores(int(df.dp.max()) + 1, int(df.pp.max()) + 1, int(df.tp.max()) + 1)
     store.con.register("_case_rows", df)
     store.execute("CREATE OR REPLACE TEMP TABLE rank_step AS SELECT * FROM _case_rows")
     store.con.unregister("_case_rows")
-    return WorkloadImbalanceDetector().detect(store)
+    return store
+
+
+def detect(stores, df: pd.DataFrame) -> list:
+    return WorkloadImbalanceDetector().detect(put(stores, df))
 
 
 def test_random_replica_factor_is_found(stores):
@@ -79,3 +85,24 @@ def test_one_rank_per_replica_abstains(stores):
     rng = np.random.default_rng(2)
     factors = np.exp(rng.normal(0, 0.2, size=(STEPS, DP)))
     assert detect(stores, table(lambda step, d: factors[step, d], pp=1, tp=1)) == []
+
+
+def test_the_straggler_detectors_grid_is_taken_once_and_only_for_the_same_rows(stores):
+    df = table(lambda step, d: float(np.exp(np.random.default_rng(step * 10 + d).normal(0, 0.12))))
+    df = df.assign(gap_s=0.001, own_s=df.forward_s + df.backward_s, gap_p2p_s=0.0)  # the straggler's columns
+    store = put(stores, df)
+    alone = WorkloadImbalanceDetector().detect(store)
+    assert [f.kind for f in alone] == ["workload_imbalance"]
+    StragglerDetector().detect(store)  # hands its step_time_s and work_s over
+    fresh = load_grid(store, HANDED_COLUMNS)
+    handed = take_grid(store, 2.0)
+    assert handed is not None and take_grid(store, 2.0) is None  # once
+    for name in ("ranks", "steps", "present", "pp", "dp", "tp", "host"):
+        np.testing.assert_array_equal(getattr(handed, name), getattr(fresh, name))
+    for column in HANDED_COLUMNS:
+        np.testing.assert_array_equal(handed[column], fresh[column])
+    StragglerDetector().detect(store)
+    assert WorkloadImbalanceDetector().detect(store) == alone  # through the hand-over: the same finding
+    StragglerDetector().detect(store)
+    put(stores, df.assign(step_time_s=0.6))  # rank_step replaced after the straggler detector ran
+    assert take_grid(store, 2.0) is None

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from megascope.analyzer.flaps import _arrays, _link_noise, _LinkIds
+from megascope.analyzer.flaps import _arrays, _keyed_noise, _LinkIds
 from megascope.analyzer.peer_stats import noise_sigma
 from megascope.analyzer.store import Store
 from megascope.tracer.importers.cli import import_run
@@ -38,7 +38,7 @@ def _old_noise(df: pd.DataFrame) -> float:
 
 def _noise(df: pd.DataFrame) -> float:
     links = _LinkIds(df.src.to_numpy(), df.dst.to_numpy(), TOPO)
-    return _link_noise(links, df.step.to_numpy(dtype=np.int64), df.lr.to_numpy(dtype=float))
+    return _keyed_noise(links.directed, df.step.to_numpy(dtype=np.int64), df.lr.to_numpy(dtype=float))
 
 
 def test_link_noise_equals_the_src_dst_noise():

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from megascope.analyzer.flaps import _arrays, _keyed_noise, _LinkIds
+from megascope.analyzer.flaps import _arrays, _key_ids, _keyed_noise, _LinkIds
 from megascope.analyzer.peer_stats import noise_sigma
 from megascope.analyzer.store import Store
 from megascope.tracer.importers.cli import import_run
@@ -57,6 +57,21 @@ def test_link_noise_equals_the_src_dst_noise():
         nonfinite.loc[nonfinite.index[5], "lr"] = -np.inf
         assert _noise(nonfinite) == _old_noise(nonfinite)
     assert _noise(_series(0)) != _noise(_series(1))   # not a constant (the floor)
+
+
+def test_keyed_noise_by_string_keys_equals_noise_sigma():
+    # collective-like rows: (group, instance, name) keys, two of them strings; then a missing key
+    rng = np.random.default_rng(5)
+    keys = [("tp", i, "all_reduce") for i in range(3)] + [("dp", 0, n) for n in ("all_gather", "reduce_scatter")]
+    key = ["group", "instance", "name"]
+    df = pd.DataFrame([(g, i, n, t) for g, i, n in keys for t in range(20)], columns=key + ["step"])
+    df["lr"] = rng.normal(0, 0.05, len(df))
+    for rows in (df, df.drop(index=df.index[::9]), df.assign(name=df.name.where(df.index % 13 != 0))):
+        rows = rows.reset_index(drop=True)
+        ids = _key_ids(rows, key)
+        assert (ids[rows.name.isna().to_numpy()] == -1).all()
+        assert _keyed_noise(ids, rows.step.to_numpy(dtype=np.int64), rows.lr.to_numpy()) == noise_sigma(
+            rows[key + ["step", "lr"]], "lr", key=key)
 
 
 def _observed_reference(df: pd.DataFrame) -> dict[tuple[int, int], int]:

@@ -9,10 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from megascope.analyzer.flaps import _arrays, _key_ids, _keyed_noise, _LinkIds
 from megascope.analyzer.peer_stats import noise_sigma
-from megascope.analyzer.store import Store
+from megascope.analyzer.store import Store, load_sql
 from megascope.tracer.importers.cli import import_run
 from tests.megatron_1f1b_gen import GenConfig, write_parquet
 
@@ -96,10 +97,68 @@ def test_observed_steps_per_unordered_link():
         assert (got.index.get_level_values("lo") <= got.index.get_level_values("hi")).all()
 
 
-def test_arrays_streamed_equal_whole(tmp_path: Path):
-    cfg = GenConfig(dp=1, tp=1, pp=2, steps=3, seed=0)
-    import_run("ndtimeline", [write_parquet(cfg, tmp_path / "t.parquet")], tmp_path / "run", dp=1, tp=1, pp=2)
-    store = Store(tmp_path / "run")
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    """A real run's store: 4 ranks, 2 stages (ranks 0, 1: stage 0; 2, 3: stage 1)."""
+    cfg = GenConfig(dp=2, tp=1, pp=2, steps=3, seed=0)
+    import_run("ndtimeline", [write_parquet(cfg, tmp_path / "t.parquet")], tmp_path / "run", dp=2, tp=1, pp=2)
+    return Store(tmp_path / "run")
+
+
+# the two p2p series as the detector built them before one pairing served both (p2p_link_steps: the sends
+# joined to the receives; the stalls: the two ends joined again)
+_OLD_LINKS = """CREATE OR REPLACE TEMP TABLE p2p_link_steps AS
+WITH _sends AS (SELECT rank AS src, peer AS dst, step, send_min_ns AS send_ns FROM _p2p_peer_step WHERE sends > 0),
+_recvs AS (SELECT peer AS src, rank AS dst, step, recv_min_ns AS recv_ns FROM _p2p_peer_step
+           WHERE recv_min_ns IS NOT NULL)
+SELECT s.src, s.dst, s.step, least(s.send_ns, r.recv_ns) / 1e9 AS floor_s, ts.pp AS src_pp, td.pp AS dst_pp
+FROM _sends s JOIN _recvs r USING (src, dst, step) JOIN topology ts ON ts.rank = s.src
+JOIN topology td ON td.rank = s.dst"""
+_OLD_SERIES = """WITH _baseline AS (
+    SELECT src_pp, dst_pp, step, median(floor_s) AS baseline_s FROM p2p_link_steps GROUP BY ALL)
+SELECT l.src, l.dst, l.step, l.floor_s, b.baseline_s, l.floor_s / nullif(b.baseline_s, 0) AS ratio
+FROM p2p_link_steps l JOIN _baseline b USING (src_pp, dst_pp, step) WHERE NOT list_contains($warm, l.step)"""
+_OLD_STALLS = """WITH _lo AS (SELECT rank AS a, peer AS b, step, gap_p2p_ns FROM _p2p_peer_step WHERE rank < peer),
+_hi AS (SELECT peer AS a, rank AS b, step, gap_p2p_ns FROM _p2p_peer_step WHERE rank > peer),
+_ends AS (SELECT coalesce(l.a, h.a) AS a, coalesce(l.b, h.b) AS b, coalesce(l.step, h.step) AS step,
+    CASE WHEN l.a IS NOT NULL AND h.a IS NOT NULL THEN least(l.gap_p2p_ns, h.gap_p2p_ns) / 1e9 ELSE 0 END AS stall_s
+    FROM _lo l FULL JOIN _hi h ON l.a = h.a AND l.b = h.b AND l.step = h.step),
+_links AS (SELECT e.a, e.b, e.step, e.stall_s, ta.pp AS a_pp, tb.pp AS b_pp
+    FROM _ends e JOIN topology ta ON ta.rank = e.a JOIN topology tb ON tb.rank = e.b),
+_baseline AS (SELECT a_pp, b_pp, step, median(stall_s) AS baseline_s FROM _links GROUP BY ALL)
+SELECT l.a, l.b, l.step, l.stall_s, b.baseline_s, l.stall_s / nullif(b.baseline_s, 0) AS ratio
+FROM _links l JOIN _baseline b USING (a_pp, b_pp, step) WHERE NOT list_contains($warm, l.step)"""
+
+
+def test_one_pairing_gives_both_series_as_before(store: Store):
+    # (rank, step, peer, sends, send_min_ns, recv_min_ns, gap_p2p_ns): links 0<->2 and 1<->3 (stages 0-1) on
+    # steps 0-3 (0: warm-up); then a rank that sent nothing, a receive not recorded, one end without a row,
+    # a NULL gap, and a rank's transfers to itself (one recorded receive, one not)
+    rows = [(r, t, p, 1, 1000 + 7 * r + t, 1100 + 5 * r - t, 200 * (r + 1) + t)
+            for t in range(4) for r, p in ((0, 2), (2, 0), (1, 3), (3, 1))]
+    rows += [(0, 4, 2, 0, None, None, 300), (2, 4, 0, 2, 1400, 1500, 100), (1, 4, 3, 1, 1300, 1250, 50),
+             (1, 5, 3, 1, 1200, 1210, None), (3, 5, 1, 1, 1220, 1190, 70), (0, 5, 2, 1, 900, 950, 10),
+             (2, 5, 0, 1, 990, 940, 20), (0, 3, 0, 1, 800, 850, 5), (2, 3, 2, 1, 700, None, 5)]
+    values = ", ".join("(" + ", ".join("NULL" if v is None else str(v) for v in row) + ")" for row in rows)
+    store.execute("CREATE OR REPLACE TEMP TABLE _p2p_peer_step AS SELECT * FROM (VALUES " + values + ") "
+                  "t(rank, step, peer, sends, send_min_ns, recv_min_ns, gap_p2p_ns)")
+    warm = {"warm": [0]}
+    store.execute(_OLD_LINKS)
+    old_series, old_stalls = store.query(_OLD_SERIES, warm), store.query(_OLD_STALLS, warm)
+    store.execute(load_sql("p2p_links"), warm)
+    new_series, new_stalls = store.query(load_sql("p2p_series")), store.query(load_sql("p2p_stalls"))
+    # steps 1-3: 4 directed link-steps and 2 links each, and 0's transfer to itself on step 3; step 4: no
+    # transfer (0 sent nothing and recorded no receive from 2, 3 has no row), links 0-2 and 1-3 (one end: no
+    # stall); step 5: all
+    assert len(old_series) == 17 and len(old_stalls) == 10
+    assert len(old_stalls[old_stalls.stall_s == 0]) == 1
+    for old, new, key in ((old_series, new_series, ["src", "dst", "step"]),
+                          (old_stalls, new_stalls, ["a", "b", "step"])):
+        pd.testing.assert_frame_equal(new.sort_values(key).reset_index(drop=True),
+                                      old.sort_values(key).reset_index(drop=True))
+
+
+def test_arrays_streamed_equal_whole(store: Store):
     n = 3_000_000   # three Arrow batches
     sql = ("SELECT range::INT AS i, range * 0.5 AS x, CASE WHEN range % 7 = 0 THEN NULL ELSE range END AS j "
            "FROM range(3000000)")

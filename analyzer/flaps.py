@@ -35,10 +35,9 @@ from megascope.analyzer.event_pass import has_wait_spans
 from megascope.analyzer.findings import Finding, Kind, hosts_of, rank_list
 from megascope.analyzer.layout import group_members
 from megascope.analyzer.peer_stats import (
-    ScoreGrid,
     leave_one_out_median,
     noise_sigma,
-    noise_sigma_grid,
+    noise_sigma_dense,
     warmup_steps,
 )
 from megascope.analyzer.store import Store, load_sql
@@ -193,6 +192,7 @@ class FlapDetector:
         keep = degraded[degraded > bound].index.droplevel(boundary)
         pairs = pd.MultiIndex.from_arrays([bad[["src", "dst"]].min(axis=1), bad[["src", "dst"]].max(axis=1)])
         return bad[pairs.isin(keep)]
+
     def _links(self, store: Store, bad: pd.DataFrame, value: str, n_steps: int, bounds: pd.DataFrame,
                how: str) -> list[Finding]:
         if bad.empty:
@@ -383,9 +383,8 @@ def _key_ids(series: pd.DataFrame, key: list[str]) -> np.ndarray:
 def _keyed_noise(key: np.ndarray, step: np.ndarray, lr: np.ndarray) -> float:
     """noise_sigma of the log ratio per key (dense ids, -1: no key; non-finite ratios and rows without a
     key left out, as noise_sigma's dropna left them). When every key has every step once (all kept),
-    the keys x steps matrix is placed by id and given to noise_sigma_grid (its rows are then keys, not
-    ranks: the same statistic); else noise_sigma keyed by the one int32 column (its grouping of 21.5 M
-    p2p link-steps by src and dst took ~1 s)."""
+    the keys x steps matrix is placed by id and given to noise_sigma_dense; else noise_sigma keyed by
+    the one int32 column (its grouping of 21.5 M p2p link-steps by src and dst took ~1 s)."""
     kept = np.isfinite(lr) & (key >= 0)
     n_keys = int(key.max()) + 1 if len(lr) else 0
     lo = int(step.min()) if len(step) else 0
@@ -394,9 +393,7 @@ def _keyed_noise(key: np.ndarray, step: np.ndarray, lr: np.ndarray) -> float:
         dense = np.full((n_keys, span), np.nan)
         dense[key, step - lo] = lr
         if not np.isnan(dense).any():  # as many rows as cells, each cell filled: each once
-            grid = ScoreGrid(np.arange(n_keys), np.arange(lo, lo + span), np.ones(dense.shape, dtype=bool),
-                             *(np.empty(0),) * 4, values={})
-            return noise_sigma_grid(grid, dense)
+            return noise_sigma_dense(dense)
         del dense
     cols = {"key": key, "step": step, "lr": lr}
     if not kept.all():
@@ -428,6 +425,8 @@ def _above_boundary_peaks(links: _LinkIds, lr: np.ndarray, bad: pd.DataFrame) ->
     pairs = pd.MultiIndex.from_arrays([bad[["src", "dst"]].min(axis=1), bad[["src", "dst"]].max(axis=1)])
     limit = typical.reindex(pairs).fillna(-np.inf).to_numpy()   # a link alone on its boundary: no peers
     return bad[bad.lr.to_numpy() > limit]
+
+
 def _link_steps(rows: pd.DataFrame, topology: pd.DataFrame, dedupe: bool = True) -> pd.DataFrame:
     """(lo, hi, a, b, step) once per unordered link and step: lo/hi its stages, a < b its ranks."""
     pp = topology.set_index("rank")["pp"]

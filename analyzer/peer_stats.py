@@ -547,6 +547,12 @@ def noise_sigma_grid(grid: ScoreGrid, values: np.ndarray, floor: float = 0.003) 
         r, s = np.nonzero(ok)
         long = pd.DataFrame({"rank": grid.ranks[r], "step": grid.steps[s], "v": values[r, s]})
         return noise_sigma(long, "v", floor=floor)
+    return noise_sigma_dense(values, floor)
+
+
+def noise_sigma_dense(values: np.ndarray, floor: float = 0.003) -> float:
+    """noise_sigma of a keys x steps matrix with every cell scored (no NaN): per row (a rank, a link),
+    the MAD of its step-to-step differences, median over the rows."""
     if values.shape[1] < 3:  # a rank needs two differences
         return floor
     # a row's median does not depend on the order of its values, so the partitions may reorder d, and

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from megascope.cli import DefaultsHelpFormatter
@@ -92,6 +94,11 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
     access = f"{url}?token={token}" if generated else url
     note = " (token required: the one you gave)" if token and not generated else ""
+    # started in the background by a script (`cmd &` without job control, nohup), the process inherits
+    # SIGINT ignored and Python then never raises KeyboardInterrupt: Ctrl-C or a supervisor's SIGINT
+    # would not stop it (seen in a CI run started that way)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     try:  # from the first line on, Ctrl-C stops it quietly
         print(f"megascope dashboard: serving {len(args.runs)} run(s) at {access}{note}", flush=True)
         if not is_loopback(args.host):

@@ -145,10 +145,18 @@ def test_the_printed_link_sets_a_cookie_and_drops_the_token_from_the_url(served)
     assert _get(f"{base}//evil.example/?token={TOKEN}")[1]["Location"] == "/evil.example/"
 
 
-def test_ctrl_c_stops_it_cleanly(runs):
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_ctrl_c_stops_it_cleanly(runs, inherited):
+    """Also when started with SIGINT ignored (in the background by a script, `cmd &` without job
+    control, or under nohup: Python then never raises KeyboardInterrupt unless the handler is set)."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "megascope", "dashboard", str(runs[0]), "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_ignore_sigint if inherited == "ignored" else None)
     assert "serving" in proc.stdout.readline()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=30)

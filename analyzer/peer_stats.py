@@ -168,7 +168,7 @@ def take_grid(store: Store, warmup_factor: float) -> ScoreGrid | None:
 def _fingerprint(store: Store) -> tuple:
     """The rank_step rows the grids are made of, in one value (count, last step, XOR of the rows' hashes:
     exact and independent of the row order; a sum of floats is neither). ~50 ms at 12.3 M rows."""
-    row = _arrow(store, "SELECT count(*) AS n, max(step) AS last, bit_xor(hash(rank, step, step_time_s, forward_s, "
+    row = store.arrow("SELECT count(*) AS n, max(step) AS last, bit_xor(hash(rank, step, step_time_s, forward_s, "
                         "backward_s)) AS h FROM rank_step WHERE step_time_s > 0").to_pylist()[0]
     return (row["n"], row["last"], row["h"])
 
@@ -199,12 +199,12 @@ def _fetch_grid(store: Store, columns: tuple[str, ...], chunk_ranks: int = 512) 
     chunks: DuckDB's allocator keeps a while what a result held (2,048 ranks a query: ~200 MB more
     resident after the fetch, 512: ~30 MB; the fetch's CPU time did not change measurably)."""
     where = "FROM rank_step WHERE step_time_s > 0"
-    ids = _arrow(store, f"SELECT DISTINCT rank, pp, dp, tp {where}")
+    ids = store.arrow(f"SELECT DISTINCT rank, pp, dp, tp {where}")
     if not ids.num_rows:
         return None
     # one row per rank (its first, as pandas' drop_duplicates kept it), in rank order
     ranks, first_row = np.unique(_ints(ids, "rank"), return_index=True)
-    steps = np.unique(_ints(_arrow(store, f"SELECT DISTINCT step {where}"), "step"))
+    steps = np.unique(_ints(store.arrow(f"SELECT DISTINCT step {where}"), "step"))
     shape = (len(ranks), len(steps))
     hosts = store.topology.set_index("rank")["host"]
     grid = ScoreGrid(ranks, steps, np.zeros(shape, dtype=bool), _ints(ids, "pp")[first_row],
@@ -214,7 +214,7 @@ def _fetch_grid(store: Store, columns: tuple[str, ...], chunk_ranks: int = 512) 
     for lo in range(0, len(ranks), chunk_ranks):
         hi = min(lo + chunk_ranks, len(ranks))
         first, last = int(ranks[lo]), int(ranks[hi - 1])
-        rows = _arrow(store, f"SELECT rank, step, {select} {where} AND rank BETWEEN $lo AND $hi",
+        rows = store.arrow(f"SELECT rank, step, {select} {where} AND rank BETWEEN $lo AND $hi",
                       {"lo": first, "hi": last})
         # flat positions in the matrices (every rank in [first, last] is one of ranks); rank_step is in
         # the event pass's batch order, not sorted, so the rows are scattered
@@ -239,12 +239,6 @@ def _positions(keys: np.ndarray, values: np.ndarray) -> np.ndarray:
     table = np.zeros(span, dtype=np.int64)
     table[keys - lo] = np.arange(len(keys))
     return table[values - lo]
-
-
-def _arrow(store: Store, sql: str, params: dict | None = None) -> pa.Table:
-    """A query's result as an Arrow table, through the relational API (Store.arrow's DB-API result
-    copies the rows once more)."""
-    return store.run_with_retry(lambda: store.con.sql(sql, params=params or {}).to_arrow_table())
 
 
 def _ints(table: pa.Table, column: str) -> np.ndarray:
@@ -455,16 +449,8 @@ def noise_sigma(scores: pd.DataFrame, column: str, key: str | list[str] = "rank"
     dense = _dense_matrix(gid, steps, values)
     if dense is not None:
         # every key at every step once: a keys x steps matrix, medians along its rows (the same values
-        # as the sort and groupbys below, without them: 21.5M p2p link-steps at 12,288 ranks); the
-        # differences centred and taken absolute in place (each copy is 164 MB there)
-        if dense.shape[1] < 3:
-            return floor
-        d2 = np.diff(dense, axis=1)
-        del dense
-        d2 -= median_inplace(d2)[:, None]  # a row's median does not depend on the order of its values
-        np.abs(d2, out=d2)
-        per_row = 1.4826 * median_inplace(d2) / math.sqrt(2)
-        return max(floor, float(np.median(per_row)))
+        # as the sort and groupbys below, without them: 21.5M p2p link-steps at 12,288 ranks)
+        return noise_sigma_dense(dense, floor)
     order = np.lexsort((steps, gid))  # each key's steps in order (numpy: 10^6 rows fast)
     g, v = gid[order], values[order]
     same = g[1:] == g[:-1]

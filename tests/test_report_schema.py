@@ -96,6 +96,9 @@ def test_workload_imbalance_finding_validates():
         def run_with_retry(self, action):
             return action()
 
+        def arrow(self, sql, params=None):
+            return self.con.sql(sql, params=params or {}).to_arrow_table()
+
     (finding,) = WorkloadImbalanceDetector().detect(Store())
     finding_schema = {**SCHEMA, "$ref": "#/$defs/finding"}
     for key in ("type", "required", "additionalProperties", "properties"):

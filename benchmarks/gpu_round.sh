@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # The GPU round (issue 19), one command on a machine with one CUDA GPU, from the repo root:
 #   bash benchmarks/gpu_round.sh     # tables in $OUT/summary.md, logs and run directories in $OUT/runs.tgz
-# In priority order, each part under its own time limit so one failure or hang leaves the rest:
+# A lent device gives one call of at most 600 s, so the parts run in priority order under one deadline
+# (BUDGET seconds from the start, default 540): each part gets the smaller of its own limit and the time
+# left, a part that would get under 30 s is skipped, and a hang stops only its part:
 #   1. MFU: `megascope train --preset gpu-2b` traced (CUDA events + NVML), then benchmarks/gpu_report.py
 #      (the analyzer's MFU timeline, the formula cross-check, the step-time breakdown);
-#   2. tracer cost: benchmarks/tracer_overhead.py on the same preset in one process, off / default
-#      tracing / default + CUPTI interleaved;
+#   2. tracer cost: benchmarks/tracer_overhead.py on the same preset in one process, tracing off /
+#      default tracing interleaved, one step per block;
 #   3. straggler: two ranks sharing the GPU (gloo), rank 1's kernels slowed by extra matmuls, analyzed;
-#   4. FlexAttention vs our Triton forward vs SDPA (benchmarks/attention_window.py) and the GPU tests;
-#   5. the same MFU run with eager blocks (train.compile=false).
+#   4. CUPTI kernel activity's cost: the same A/B with a third mode, default + CUPTI (a part of its own:
+#      the first round's combined run never reported);
+#   5. the same MFU run with eager blocks (train.compile=false);
+#   6. FlexAttention vs our Triton forward vs SDPA (benchmarks/attention_window.py) and the GPU tests.
 # Few files come back from a lent device (8 at most): everything goes into summary.md and runs.tgz.
 # DRY_RUN=1 runs the same plumbing on the CPU with the tiny preset (a check of this script, not a result).
 set -uo pipefail
@@ -20,10 +24,10 @@ mkdir -p "$OUT" && rm -rf "$RUNS" && mkdir -p "$LOGS" && : >"$SUMMARY"
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 if [ "${DRY_RUN:-0}" = 1 ]; then
-  PRESET=(--preset tiny --device cpu); STEPS=6; SKIP=2; ROUNDS=2; DEVICE=cpu
+  PRESET=(--preset tiny --device cpu); STEPS=6; SKIP=2; ROUNDS=3; CUPTI_ROUNDS=2; EAGER_STEPS=6; DEVICE=cpu
   STRAGGLER=(--preset tiny --device cpu --set train.global_batch=16); STRAGGLER_STEPS=24
 else
-  PRESET=(--preset gpu-2b); STEPS=12; SKIP=4; ROUNDS=4; DEVICE=cuda
+  PRESET=(--preset gpu-2b); STEPS=12; SKIP=4; ROUNDS=10; CUPTI_ROUNDS=2; EAGER_STEPS=8; DEVICE=cuda
   STRAGGLER=(--preset gpu --set model.n_layers=8 --set train.global_batch=16); STRAGGLER_STEPS=30
   if ls .whl/*.whl >/dev/null 2>&1; then  # duckdb, cupti-python where the image lacks them
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -35,14 +39,22 @@ fi
 $PY -c "import torch, duckdb; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'duckdb', duckdb.__version__)" \
   | tee -a "$SUMMARY"
 
-part() {  # part NAME SECONDS CMD...: run with a time limit, log to $LOGS/NAME.log, say how it ended
+BUDGET=${BUDGET:-540}  # seconds for the whole script: the device's per-call limit is 600
+part() {  # part NAME SECONDS CMD...: run under min(SECONDS, time left), log to $LOGS/NAME.log, say how it ended
   local name=$1 limit=$2; shift 2
+  local left=$((BUDGET - SECONDS - 10))  # 10 s for the last packing
+  if [ $left -lt 30 ]; then
+    echo "=== $name: skipped, ${left}s left of the ${BUDGET}s budget" | tee -a "$SUMMARY"
+    return 124
+  fi
+  [ $limit -le $left ] || limit=$left
   local t0=$SECONDS
   echo "=== $name (limit ${limit}s): $*" | tee -a "$SUMMARY"
+  # SIGTERM first (the benchmarks dump their threads' stacks on it: a hang says where), SIGKILL 10 s later
   timeout --kill-after=10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
   echo "=== $name: rc=$rc in $((SECONDS - t0)) s" | tee -a "$SUMMARY"
-  [ $rc = 0 ] || tail -n 15 "$LOGS/$name.log" | tee -a "$SUMMARY"
+  [ $rc = 0 ] || tail -n 30 "$LOGS/$name.log" | tee -a "$SUMMARY"
   tar czf "$OUT/runs.tgz" -C "$RUNS" . 2>/dev/null  # what is done so far comes back even if later parts hang
   return $rc
 }
@@ -51,32 +63,39 @@ TRAIN=($PY -m megascope train)
 
 # 1. MFU, traced with the default tracing; a smaller micro-batch only if the first does not fit.
 MFU_SET=()
-if ! part mfu 300 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS --run-dir "$RUNS/mfu" \
+if ! part mfu 200 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS --run-dir "$RUNS/mfu" \
     && grep -qi "out of memory" "$LOGS/mfu.log"; then
   rm -rf "$RUNS/mfu"
   MFU_SET=(--set train.micro_batch=2)
-  part mfu-mb2 240 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS "${MFU_SET[@]}" --run-dir "$RUNS/mfu"
+  part mfu-mb2 150 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS "${MFU_SET[@]}" --run-dir "$RUNS/mfu"
 fi
-part report 120 $PY benchmarks/gpu_report.py "$RUNS/mfu" --skip $SKIP && show report
+part report 60 $PY benchmarks/gpu_report.py "$RUNS/mfu" --skip $SKIP && show report
 
-# 2. Tracer cost, same process: off / default tracing / default + CUPTI, interleaved (progress per round).
-part tracer_cost 300 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE --cupti \
+# 2. Tracer cost, same process: off / default tracing interleaved (progress per round).
+part tracer_cost 150 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE \
   --rounds $ROUNDS --steps 1 --warmup 2 --progress "${MFU_SET[@]}"
-show tracer_cost 45
+show tracer_cost 30
 
 # 3. A straggler on a real device: two ranks on the one GPU (gloo), rank 1 slowed 1.5x from step 10.
-part straggler 240 "${TRAIN[@]}" "${STRAGGLER[@]}" --dp 2 --set train.backend=gloo --set parallel.zero=false \
+part straggler 120 "${TRAIN[@]}" "${STRAGGLER[@]}" --dp 2 --set train.backend=gloo --set parallel.zero=false \
   --steps $STRAGGLER_STEPS --inject straggler:rank=1,slowdown=1.5,from=10 --run-dir "$RUNS/straggler"
-part straggler_report 120 $PY benchmarks/gpu_report.py "$RUNS/straggler" --skip $SKIP && show straggler_report
+part straggler_report 40 $PY benchmarks/gpu_report.py "$RUNS/straggler" --skip $SKIP && show straggler_report
 
-# 4. Attention paths and the GPU tests.
-if [ "$DEVICE" = cuda ]; then
-  part attention 120 $PY benchmarks/attention_window.py && show attention
-  part gpu_tests 150 $PY -m pytest -q tests/test_kernels.py tests/test_tracer_gpu.py tests/test_gpu_delay.py
-  show gpu_tests 3
-fi
+# 4. CUPTI kernel activity: off / default / default + CUPTI interleaved.
+part cupti_cost 120 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE --cupti \
+  --rounds $CUPTI_ROUNDS --steps 1 --warmup 2 --progress "${MFU_SET[@]}"
+show cupti_cost 30
 
 # 5. Eager blocks, for the compiled run's gain.
-part mfu_eager 200 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS --set train.compile=false "${MFU_SET[@]}" \
+part mfu_eager 120 "${TRAIN[@]}" "${PRESET[@]}" --steps $EAGER_STEPS --set train.compile=false "${MFU_SET[@]}" \
   --run-dir "$RUNS/mfu_eager"
-part report_both 120 $PY benchmarks/gpu_report.py "$RUNS/mfu" "$RUNS/mfu_eager" --skip $SKIP && show report_both
+part report_both 40 $PY benchmarks/gpu_report.py "$RUNS/mfu" "$RUNS/mfu_eager" --skip $SKIP && show report_both
+
+# 6. Attention paths and the GPU tests.
+if [ "$DEVICE" = cuda ]; then
+  part attention 60 $PY benchmarks/attention_window.py && show attention
+  part gpu_tests 90 $PY -m pytest -q tests/test_kernels.py tests/test_tracer_gpu.py tests/test_gpu_delay.py
+  show gpu_tests 3
+fi
+echo "=== done in $SECONDS s of the ${BUDGET}s budget" | tee -a "$SUMMARY"
+tar czf "$OUT/runs.tgz" -C "$RUNS" . 2>/dev/null

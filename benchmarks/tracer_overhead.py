@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import faulthandler
+import signal
 import statistics
 import sys
 import tempfile
@@ -67,6 +69,7 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
     One Tracer lives through the whole run (its threads started, as in an always-on job) and is
     activated for the "on" blocks only; its idle threads also run during the "off" blocks. With --cupti
     a second Tracer, recording CUPTI kernel activity, is active for a third block per round ("cupti")."""
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)  # a timed-out run says where it was
     cfg = make_config(args)
     dims = ParallelDims(args.dp, args.tp, args.pp)
     dims.build_groups()
@@ -235,6 +238,7 @@ def main() -> None:
     p.add_argument("--cupti", action="store_true",
                    help="a third block per round: the default tracing plus CUPTI kernel activity (GPU)")
     args = p.parse_args()
+    faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)  # a timed-out run says where it was
     devices = ["none", "cpu"] + (["cuda:0"] if torch.cuda.is_available() else [])
     print("| microbenchmark (training thread) | ns |\n|---|---:|")
     for device in devices:

@@ -24,10 +24,12 @@ PRESETS: dict[str, dict[str, Any]] = {
     # A ~2B-parameter GPT for one 80 GB GPU (H100/H200), sized for MFU: hidden 2560 (head_dim 128),
     # seq 2048, a GPT-2-sized vocabulary, bf16, blocks compiled. 69.6 GB peak was measured at
     # micro_batch 2 with separate master/gradient copies (16 GB, since removed for one-chunk ranks);
-    # micro_batch 4 (larger GEMMs) should fit in ~65 GB: not yet measured.
+    # micro_batch 4 (larger GEMMs) should fit in ~65 GB: not yet measured. 32 sequences (65k tokens)
+    # a step: the optimizer pass (~2% of a 16-sequence step) is paid once per 8 micro-batches, still
+    # far below the ~1M-token batches models of this size train with (GPT-3 2.7B).
     "gpu-2b": {
         "model": {"n_layers": 24, "hidden": 2560, "n_heads": 20, "seq_len": 2048, "vocab_size": 50304},
-        "train": {"global_batch": 16, "micro_batch": 4, "lr": 2e-4, "min_lr": 2e-5,
+        "train": {"global_batch": 32, "micro_batch": 4, "lr": 2e-4, "min_lr": 2e-5,
                   "warmup_steps": 50, "dtype": "bf16", "device": "cuda", "compile": True},
     },
 }

@@ -9,10 +9,11 @@
 #   2. tracer cost: benchmarks/tracer_overhead.py on the same preset in one process, tracing off /
 #      default tracing interleaved, one step per block;
 #   3. straggler: two ranks sharing the GPU (gloo), rank 1's kernels slowed by extra matmuls, analyzed;
-#   4. CUPTI kernel activity's cost: the same A/B with a third mode, default + CUPTI (a part of its own:
-#      the first round's combined run never reported);
-#   5. the same MFU run with eager blocks (train.compile=false);
+#   4. the same MFU run with eager blocks (train.compile=false);
+#   5. CUPTI kernel activity's cost: the same A/B with a third mode, default + CUPTI;
 #   6. FlexAttention vs our Triton forward vs SDPA (benchmarks/attention_window.py) and the GPU tests.
+# Measured on an H100 (2026-11-27): mfu 93 s, tracer cost ~225 s (24 rounds; ~135 s of it before the
+# first round: start, compilation, warm-up), straggler 35 s, eager 76 s; CUPTI and the tests did not fit.
 # Few files come back from a lent device (8 at most): everything goes into summary.md and runs.tgz.
 # DRY_RUN=1 runs the same plumbing on the CPU with the tiny preset (a check of this script, not a result).
 set -uo pipefail
@@ -27,7 +28,7 @@ if [ "${DRY_RUN:-0}" = 1 ]; then
   PRESET=(--preset tiny --device cpu); STEPS=6; SKIP=2; ROUNDS=3; CUPTI_ROUNDS=2; EAGER_STEPS=6; DEVICE=cpu
   STRAGGLER=(--preset tiny --device cpu --set train.global_batch=16); STRAGGLER_STEPS=24
 else
-  PRESET=(--preset gpu-2b); STEPS=12; SKIP=4; ROUNDS=10; CUPTI_ROUNDS=2; EAGER_STEPS=8; DEVICE=cuda
+  PRESET=(--preset gpu-2b); STEPS=12; SKIP=4; ROUNDS=24; CUPTI_ROUNDS=2; EAGER_STEPS=8; DEVICE=cuda
   STRAGGLER=(--preset gpu --set model.n_layers=8 --set train.global_batch=16); STRAGGLER_STEPS=30
   if ls .whl/*.whl >/dev/null 2>&1; then  # duckdb, cupti-python where the image lacks them
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -72,7 +73,7 @@ fi
 part report 60 $PY benchmarks/gpu_report.py "$RUNS/mfu" --skip $SKIP && show report
 
 # 2. Tracer cost, same process: off / default tracing interleaved (progress per round).
-part tracer_cost 150 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE \
+part tracer_cost 260 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE \
   --rounds $ROUNDS --steps 1 --warmup 2 --progress "${MFU_SET[@]}"
 show tracer_cost 30
 
@@ -81,15 +82,15 @@ part straggler 120 "${TRAIN[@]}" "${STRAGGLER[@]}" --dp 2 --set train.backend=gl
   --steps $STRAGGLER_STEPS --inject straggler:rank=1,slowdown=1.5,from=10 --run-dir "$RUNS/straggler"
 part straggler_report 40 $PY benchmarks/gpu_report.py "$RUNS/straggler" --skip $SKIP && show straggler_report
 
-# 4. CUPTI kernel activity: off / default / default + CUPTI interleaved.
-part cupti_cost 120 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE --cupti \
-  --rounds $CUPTI_ROUNDS --steps 1 --warmup 2 --progress "${MFU_SET[@]}"
-show cupti_cost 30
-
-# 5. Eager blocks, for the compiled run's gain.
+# 4. Eager blocks, for the compiled run's gain.
 part mfu_eager 120 "${TRAIN[@]}" "${PRESET[@]}" --steps $EAGER_STEPS --set train.compile=false "${MFU_SET[@]}" \
   --run-dir "$RUNS/mfu_eager"
 part report_both 40 $PY benchmarks/gpu_report.py "$RUNS/mfu" "$RUNS/mfu_eager" --skip $SKIP && show report_both
+
+# 5. CUPTI kernel activity: off / default / default + CUPTI interleaved.
+part cupti_cost 200 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE --cupti \
+  --rounds $CUPTI_ROUNDS --steps 1 --warmup 2 --progress "${MFU_SET[@]}"
+show cupti_cost 30
 
 # 6. Attention paths and the GPU tests.
 if [ "$DEVICE" = cuda ]; then

@@ -22,11 +22,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                   "warmup_steps": 50, "dtype": "bf16", "device": "cuda"},
     },
     # A ~2B-parameter GPT for one 80 GB GPU (H100/H200), sized for MFU: hidden 2560 (head_dim 128),
-    # seq 2048, a GPT-2-sized vocabulary, bf16, blocks compiled. 69.6 GB peak was measured at
-    # micro_batch 2 with separate master/gradient copies (16 GB, since removed for one-chunk ranks);
-    # micro_batch 4 (larger GEMMs) should fit in ~65 GB: not yet measured. 32 sequences (65k tokens)
-    # a step: the optimizer pass (~2% of a 16-sequence step) is paid once per 8 micro-batches, still
-    # far below the ~1M-token batches models of this size train with (GPT-3 2.7B).
+    # seq 2048, a GPT-2-sized vocabulary, bf16, blocks compiled. Micro-batches of 4 (larger GEMMs) took
+    # 52.3 ms of forward and backward per sequence on an H100, 58.7 at 2 (an earlier round, another
+    # machine of the same kind), and peaked at 66.6 GB (NVML).
+    # 32 sequences (65k tokens) a step: the fused optimizer pass (43 ms) is paid once per 8
+    # micro-batches, still far below the ~1M-token batches models of this size train with (GPT-3 2.7B).
+    # Measured: 52.4% MFU on one H100 (README "GPU").
     "gpu-2b": {
         "model": {"n_layers": 24, "hidden": 2560, "n_heads": 20, "seq_len": 2048, "vocab_size": 50304},
         "train": {"global_batch": 32, "micro_batch": 4, "lr": 2e-4, "min_lr": 2e-5,

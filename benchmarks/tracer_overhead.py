@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import faulthandler
+import os
 import signal
 import statistics
 import sys
@@ -70,6 +71,10 @@ def job(rank: int, world: int, args: argparse.Namespace, trace_dir: str) -> dict
     activated for the "on" blocks only; its idle threads also run during the "off" blocks. With --cupti
     a second Tracer, recording CUPTI kernel activity, is active for a third block per round ("cupti")."""
     faulthandler.register(signal.SIGTERM, all_threads=True, chain=True)  # a timed-out run says where it was
+    # the threads `megascope train` gives a rank (trainer/launch.py), not run_distributed's one. On an
+    # H100 host (16 cores) this A/B took ~135 s to its first round, `megascope train` ~75 s to its
+    # second step; the 2B model's CPU initialization on one thread is the likely difference (unmeasured)
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     cfg = make_config(args)
     dims = ParallelDims(args.dp, args.tp, args.pp)
     dims.build_groups()

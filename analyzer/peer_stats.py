@@ -335,16 +335,11 @@ def _loo_sorted(vals: np.ndarray) -> np.ndarray:
     return (remaining(lo) + remaining(hi)) / 2
 
 
-def replica_score(grid: ScoreGrid, column: str) -> np.ndarray:
-    """Per rank-step: the median over the same data-parallel replica's OTHER stages of their mean score
-    (NaN with one stage). Those ranks compute the same micro-batches: when the replica drew long
-    sequences they are slow at the same steps, while a slow GPU slows only its own stage."""
-    return replica_score_rows(grid, column)(grid, np.arange(len(grid.ranks)))
-
-
 def replica_score_rows(grid: ScoreGrid, column: str) -> Callable[[ScoreGrid, np.ndarray], np.ndarray]:
-    """replica_score for the grid rows asked: the per-block medians (blocks x steps) are computed here,
-    the rank x step matrix is not."""
+    """Per rank-step of the grid rows asked: the median over the same data-parallel replica's OTHER
+    stages of their mean score (NaN with one stage). Those ranks compute the same micro-batches: when
+    the replica drew long sequences they are slow at the same steps, while a slow GPU slows only its
+    own stage. The per-block medians (blocks x steps) are computed here, the rank x step matrix is not."""
     blocks = row_groups(grid.dp, grid.pp)     # (dp, pp) blocks, in (dp, pp) order
     keys = np.array([(grid.dp[b[0]], grid.pp[b[0]]) for b in blocks])
     x, here = grid[column], grid.present
@@ -361,17 +356,12 @@ def replica_score_rows(grid: ScoreGrid, column: str) -> Callable[[ScoreGrid, np.
     return rows_of
 
 
-def kahan_mean(vals: np.ndarray, here: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per column: the mean of the non-NaN values of present rows, summed as pandas' groupby mean sums
-    (compensated, row by row); NaN where none. Also whether any row is present (the group exists)."""
-    mean, has = _kahan_rows(vals, here, np.arange(len(vals))[None, :])
-    return mean[0], has[0]
-
-
 def kahan_means(vals: np.ndarray, here: np.ndarray, groups: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """kahan_mean of each group of rows (row index arrays), as (groups, columns) matrices: the groups of
-    one size are summed together, row by row (one call per group cost a Python loop per row: 12,288
-    ranks in 1,536 blocks of 8 or 192 replicas of 64 took 0.2-0.9 s)."""
+    """Per group of rows (row index arrays) and column: the mean of the non-NaN values of present rows,
+    summed as pandas' groupby mean sums (compensated, row by row), NaN where none; and whether any row
+    is present (the group exists). Both as (groups, columns) matrices. The groups of one size are
+    summed together, row by row (one call per group cost a Python loop per row: 12,288 ranks in 1,536
+    blocks of 8 or 192 replicas of 64 took 0.2-0.9 s)."""
     mean = np.full((len(groups), vals.shape[1]), np.nan)
     has = np.zeros(mean.shape, dtype=bool)
     by_size: dict[int, list[int]] = {}
@@ -383,7 +373,7 @@ def kahan_means(vals: np.ndarray, here: np.ndarray, groups: list[np.ndarray]) ->
 
 
 def _kahan_rows(vals: np.ndarray, here: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """kahan_mean of the groups of rows `idx` (groups x k row indices), all groups at once."""
+    """kahan_means of the groups of rows `idx` (groups x k row indices), all groups at once."""
     shape = (idx.shape[0], vals.shape[1])
     total, comp, count = np.zeros(shape), np.zeros(shape), np.zeros(shape)
     has = np.zeros(shape, dtype=bool)

@@ -14,14 +14,12 @@ from megascope.analyzer.episodes import cusum_stretches, cusum_stretches_rows
 from megascope.analyzer.peer_stats import (
     ScoreGrid,
     _tp_ratio,
-    kahan_mean,
     kahan_means,
     leave_one_out_median,
     loo_median_rows,
     median_inplace,
     noise_sigma,
     noise_sigma_grid,
-    replica_score,
     replica_score_rows,
     row_groups,
 )
@@ -80,7 +78,7 @@ def test_kahan_mean_matches_a_pandas_groupby_mean():
     vals = rng.normal(size=(16, 500)) * rng.lognormal(0, 4, size=(16, 500))
     here = rng.random(vals.shape) > 0.1
     vals[2, 3] = np.nan
-    mean, has = kahan_mean(vals, here)
+    (mean,), (has,) = kahan_means(vals, here, [np.arange(len(vals))])
     frame = pd.DataFrame({"col": np.tile(np.arange(500), 16), "v": np.where(here, vals, np.nan).ravel()})
     np.testing.assert_array_equal(mean, frame.groupby("col").v.mean().to_numpy())
     np.testing.assert_array_equal(has, here.any(axis=0))
@@ -128,7 +126,7 @@ def test_kahan_means_of_many_groups_match_one_group_at_a_time(missing: float):
     groups = row_groups(grid.dp, grid.pp) + [np.array([0, 5, 7])]  # groups of two sizes
     mean, has = kahan_means(grid["v"], grid.present, groups)
     for i, g in enumerate(groups):
-        want_mean, want_has = kahan_mean(grid["v"][g], grid.present[g])
+        (want_mean,), (want_has,) = kahan_means(grid["v"], grid.present, [g])
         np.testing.assert_array_equal(mean[i], want_mean)
         np.testing.assert_array_equal(has[i], want_has)
 
@@ -144,7 +142,7 @@ def test_derived_columns_for_some_rows_match_the_whole_matrix(missing: float):
         whole = grid["work_s"] / np.where(ref > 0, ref, np.nan)
     rows = np.array([1, 7, 8, 20])
     np.testing.assert_array_equal(_tp_ratio(groups, grid, rows), whole[rows])
-    replica = replica_score(grid, "v")
+    replica = replica_score_rows(grid, "v")(grid, np.arange(len(grid.ranks)))
     np.testing.assert_array_equal(replica_score_rows(grid, "v")(grid, rows), replica[rows])
     # the long rows carry the derived columns of their rank-steps
     grid.derived["tp_ratio"] = partial(_tp_ratio, groups)

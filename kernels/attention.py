@@ -14,12 +14,16 @@ Three implementations of the same math on q, k, v of shape [batch, heads, seq, h
 
 `causal_attention` picks the fastest one that applies (timings in docs/model.md): for a sliding window
 on CUDA, the Triton kernel when no gradient is needed and FlexAttention in training; SDPA otherwise.
+Which of SDPA's own backends runs (flash, cuDNN, memory-efficient) is `sdpa_preference`'s to set
+(`train.attention_backend`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+from typing import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +42,30 @@ except ImportError:  # torch < 2.5
     HAS_FLEX = False
 
 _FLASH_HEAD_DIMS = (16, 32, 64, 128)
+
+SDPA_BACKENDS = ("auto", "cudnn", "flash", "efficient", "math")
+"""`train.attention_backend`'s choices: auto leaves torch's own order; a name puts that backend first."""
+
+
+@contextlib.contextmanager
+def sdpa_preference(backend: str) -> Iterator[None]:
+    """Within the block, SDPA tries `backend` first and falls back to torch's other backends in their
+    usual order where it does not apply (a shape or dtype it lacks, the CPU). torch.compile reads the
+    same setting when it traces SDPA, so compiled blocks take the preferred kernel too. On Hopper the
+    cuDNN backend (FlashAttention-3-style kernels) is the one to try: torch puts its FA2-based flash
+    backend first."""
+    if backend not in SDPA_BACKENDS:
+        raise ValueError(f"attention backend '{backend}' unknown; use one of: {', '.join(SDPA_BACKENDS)}")
+    if backend == "auto":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
+             "efficient": SDPBackend.EFFICIENT_ATTENTION, "math": SDPBackend.MATH}
+    preferred = [order[backend]] + [b for name, b in order.items() if name != backend]
+    with sdpa_kernel(preferred, set_priority=True):
+        yield
 
 
 def window_mask(seq_len: int, window: int, device: torch.device | str | None = None) -> torch.Tensor:

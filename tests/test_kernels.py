@@ -131,3 +131,28 @@ def test_training_window_attention_gradients_match_reference(window: int) -> Non
     torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
     for ours, theirs in zip(torch.autograd.grad(out, (q, k, v), grad), torch.autograd.grad(ref, (q, k, v), grad)):
         torch.testing.assert_close(ours, theirs, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("backend", attention.SDPA_BACKENDS)
+def test_sdpa_preference_computes_the_same_attention(backend: str) -> None:
+    """Every train.attention_backend gives the reference result; on the CPU cuDNN and flash do not
+    apply and SDPA falls back to the next backend instead of failing."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(2, 3, 16, 8, generator=g) for _ in range(3))
+    with attention.sdpa_preference(backend):
+        _assert_same(causal_attention, attention_reference, q, k, v, atol=1e-5)
+
+
+def test_sdpa_preference_refuses_an_unknown_backend() -> None:
+    with pytest.raises(ValueError, match="cudnn"):
+        with attention.sdpa_preference("fa9"):
+            pass
+
+
+@needs_gpu
+@pytest.mark.parametrize("backend", ["cudnn", "flash", "efficient"])
+def test_sdpa_preference_on_the_gpu_matches_reference(backend: str) -> None:
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(2, 4, 256, 128, generator=g).to("cuda", torch.bfloat16) for _ in range(3))
+    with attention.sdpa_preference(backend):
+        _assert_same(causal_attention, attention_reference, q, k, v, rtol=2e-2, atol=2e-2)

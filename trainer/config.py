@@ -26,6 +26,7 @@ Device = Literal["auto", "cpu", "cuda"]
 Backend = Literal["auto", "nccl", "gloo"]
 SelfCheckWhen = Literal["restart", "always", "off"]
 CheckpointFormat = Literal["dcp", "snapshot"]
+AttentionBackend = Literal["auto", "cudnn", "flash", "efficient", "math"]  # kernels.attention.SDPA_BACKENDS
 RECOMPUTE_MODES: tuple[Recompute, ...] = get_args(Recompute)
 
 
@@ -111,6 +112,12 @@ class TrainConfig:
     compile: bool = False
     """torch.compile each transformer block (Inductor fuses LayerNorm, GeLU, bias and residual adds);
     the first steps pay the compilation."""
+    compile_loss: bool = False
+    """torch.compile the final LayerNorm and the cross-entropy (one fused pass over the logits instead of
+    several); not the vocab-parallel loss of tp > 1."""
+    attention_backend: AttentionBackend = "auto"
+    """SDPA backend tried first for full causal attention: auto (torch's order), cudnn, flash, efficient or
+    math; others remain the fallback where it does not apply."""
 
 
 @dataclass
@@ -293,6 +300,7 @@ CHOICES: dict[str, tuple[str, tuple[str, ...]]] = {
     "train.dtype": ("dtype", get_args(Dtype)),
     "train.device": ("device", get_args(Device)),
     "train.backend": ("backend", get_args(Backend)),
+    "train.attention_backend": ("attention backend", get_args(AttentionBackend)),
     "parallel.recompute": ("recompute", RECOMPUTE_MODES),
     "trace.level": ("trace level", TRACE_LEVELS),
     "robust.self_check": ("robust.self_check", get_args(SelfCheckWhen)),

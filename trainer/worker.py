@@ -93,9 +93,11 @@ def _run(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank: int, lo
         if cfg.robust.self_check == "always" or (cfg.robust.self_check == "restart" and restart > 0):
             heartbeat.update(status="self_check", beat_now=True)
             _self_check(cfg, dims, device, rank, hosts, restart)
+        from megascope.kernels.attention import sdpa_preference
         from megascope.trainer.train_loop import train
 
-        train(cfg, dims, device, faults, heartbeat=heartbeat, restart=restart)
+        with sdpa_preference(cfg.train.attention_backend):  # before the blocks are first traced
+            train(cfg, dims, device, faults, heartbeat=heartbeat, restart=restart)
     finally:
         if tracer is not None:
             from megascope import tracer as tracing

@@ -13,6 +13,8 @@ from typing import Sequence
 
 from torch import nn
 
+from megascope.trainer.modeling.model import CrossEntropy
+
 
 def compile_blocks(chunks: Sequence[nn.Module]) -> int:
     """Compile every transformer block of every chunk in place; returns how many were compiled."""
@@ -20,5 +22,23 @@ def compile_blocks(chunks: Sequence[nn.Module]) -> int:
     for chunk in chunks:
         for block in getattr(chunk, "blocks", ()):
             block.compile()
+            compiled += 1
+    return compiled
+
+
+def compile_loss(chunks: Sequence[nn.Module]) -> int:
+    """Compile the last stage's final LayerNorm and cross-entropy (`train.compile_loss`); returns how
+    many modules were compiled. Eager cross-entropy over [tokens, vocab] logits makes several passes
+    over a tensor of ~1.6 GB at 8k tokens x 50k vocab in fp32 (upcast, log-softmax, gather, and as
+    many again in backward); Inductor fuses them into one read of the bf16 logits each way. The
+    vocab-parallel loss of tensor parallelism holds collectives and stays eager."""
+    compiled = 0
+    for chunk in chunks:
+        loss_fn, norm_f = getattr(chunk, "loss_fn", None), getattr(chunk, "norm_f", None)
+        if isinstance(loss_fn, CrossEntropy):
+            loss_fn.compile()
+            compiled += 1
+        if isinstance(norm_f, nn.Module):
+            norm_f.compile()
             compiled += 1
     return compiled

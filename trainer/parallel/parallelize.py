@@ -16,7 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from megascope.trainer.config import ConfigError, JobConfig, check_layout, micro_batches
-from megascope.trainer.modeling.compile import compile_blocks
+from megascope.trainer.modeling.compile import compile_blocks, compile_loss
 from megascope.trainer.modeling.model import GPT
 from megascope.trainer.modeling.recompute import apply_recompute
 from megascope.trainer.parallel.data_parallel import DistributedOptimizer
@@ -92,6 +92,8 @@ def parallelize(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults
     apply_recompute(chunks, cfg.parallel.recompute)
     if cfg.train.compile:
         compile_blocks(chunks)
+    if cfg.train.compile_loss:
+        compile_loss(chunks)
     tied = TiedEmbeddingSync(dims, rank, tied_embedding_weight(chunks))
     # 4. Data parallelism: ZeRO-2 buffers and buckets per chunk, so each chunk's reduce-scatter starts
     #    as soon as its last micro-batch's backward is done (overlapping the interleaved schedule).

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megascope.analyzer.run import Run  # noqa: E402
+from megascope.analyzer import Run  # noqa: E402
 from megascope.trainer.config import JobConfig  # noqa: E402
 from megascope.trainer.modeling.flops import (  # noqa: E402
     hardware_flops_per_step,
@@ -47,8 +47,9 @@ def mfu_row(path: str, skip: int) -> str:
     peak = float(run.manifest["peak_flops"]["per_device"]) * world
     formula_mfu = model_flops_per_step(m, t.global_batch) / step_s / peak
     hfu = hardware_flops_per_step(m, t.global_batch, p.recompute) / step_s / peak
+    attention = f"window {m.window}" if m.window else f"causal attention (SDPA {t.attention_backend})"
     ran = ", ".join(filter(None, [t.dtype, "compiled blocks" if t.compile else "eager",
-                                  f"window {m.window}" if m.window else "causal attention (SDPA)",
+                                  "compiled loss" if t.compile_loss else "", attention,
                                   f"recompute {p.recompute}" if p.recompute != "none" else "",
                                   f"dp{p.dp} tp{p.tp} pp{p.pp}"]))
     return (f"| {Path(path).name} | {parameter_count(m) / 1e9:.2f}B (L{m.n_layers} h{m.hidden} a{m.n_heads} "

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# The GPU round (issue 19), one command on a machine with one CUDA GPU, from the repo root:
+# The GPU round (issues 19, 29), one command on a machine with one CUDA GPU, from the repo root:
 #   bash benchmarks/gpu_round.sh     # tables in $OUT/summary.md, logs and run directories in $OUT/runs.tgz
 # A lent device gives one call of at most 600 s, so the parts run in priority order under one deadline
 # (BUDGET seconds from the start, default 540): each part gets the smaller of its own limit and the time
 # left, a part that would get under 30 s is skipped, and a hang stops only its part:
+#   0. SDPA's backends alone on gpu-2b's attention shape (benchmarks/sdpa_backends.py);
 #   1. MFU: `megascope train --preset gpu-2b` traced (CUDA events + NVML), then benchmarks/gpu_report.py
 #      (the analyzer's MFU timeline, the formula cross-check, the step-time breakdown);
-#   2. tracer cost: benchmarks/tracer_overhead.py on the same preset in one process, tracing off /
-#      default tracing interleaved, one step per block;
-#   3. straggler: two ranks sharing the GPU (gloo), rank 1's kernels slowed by extra matmuls, analyzed;
-#   4. the same MFU run with eager blocks (train.compile=false);
-#   5. CUPTI kernel activity's cost: the same A/B with a third mode, default + CUPTI;
-#   6. FlexAttention vs our Triton forward vs SDPA (benchmarks/attention_window.py) and the GPU tests.
-# Measured on an H100 (2026-11-27): mfu 93 s, tracer cost ~225 s (24 rounds; ~135 s of it before the
-# first round: start, compilation, warm-up), straggler 35 s, eager 76 s; CUPTI and the tests did not fit.
+#   2-4. the changes that may raise MFU, each alone (train.attention_backend=cudnn, train.compile_loss),
+#      then together with 64 sequences a step, in one table with the baseline;
+#   5. straggler: two ranks sharing the GPU (gloo), rank 1's kernels slowed by extra matmuls, analyzed;
+#   6. the GPU tests;
+#   7. with what is left: the tracer's cost (tracing off / default interleaved in one process), CUPTI's
+#      cost, eager blocks, window attention.
+# Measured on an H100 (2026-11-27, first round of this order): mfu 93 s, tracer cost ~225 s (24 rounds;
+# ~135 s of it before the first round: start, compilation, warm-up), straggler 35 s, eager 76 s.
 # Few files come back from a lent device (8 at most): everything goes into summary.md and runs.tgz.
 # DRY_RUN=1 runs the same plumbing on the CPU with the tiny preset (a check of this script, not a result).
 set -uo pipefail
@@ -26,9 +27,11 @@ export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 if [ "${DRY_RUN:-0}" = 1 ]; then
   PRESET=(--preset tiny --device cpu); STEPS=6; SKIP=2; ROUNDS=3; CUPTI_ROUNDS=2; EAGER_STEPS=6; DEVICE=cpu
+  BIG_STEPS=6; BIG_BATCH=32
   STRAGGLER=(--preset tiny --device cpu --set train.global_batch=16); STRAGGLER_STEPS=24
 else
-  PRESET=(--preset gpu-2b); STEPS=12; SKIP=4; ROUNDS=24; CUPTI_ROUNDS=2; EAGER_STEPS=8; DEVICE=cuda
+  PRESET=(--preset gpu-2b); STEPS=10; SKIP=4; ROUNDS=24; CUPTI_ROUNDS=2; EAGER_STEPS=8; DEVICE=cuda
+  BIG_STEPS=8; BIG_BATCH=64  # 3.4 s steps: 8 of them cost what 16 do at 32 sequences
   STRAGGLER=(--preset gpu --set model.n_layers=8 --set train.global_batch=16); STRAGGLER_STEPS=30
   if ls .whl/*.whl >/dev/null 2>&1; then  # duckdb, cupti-python where the image lacks them
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -62,6 +65,9 @@ part() {  # part NAME SECONDS CMD...: run under min(SECONDS, time left), log to 
 show() { grep -v -e Warning -e warn "$LOGS/$1.log" | tail -n "${2:-40}" | tee -a "$SUMMARY"; }
 TRAIN=($PY -m megascope train)
 
+# 0. Which SDPA backend computes gpu-2b's attention fastest (seconds; decides what part 2 measures).
+[ "$DEVICE" = cuda ] && part sdpa 60 $PY benchmarks/sdpa_backends.py && show sdpa
+
 # 1. MFU, traced with the default tracing; a smaller micro-batch only if the first does not fit.
 MFU_SET=()
 if ! part mfu 200 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS --run-dir "$RUNS/mfu" \
@@ -72,31 +78,44 @@ if ! part mfu 200 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS --run-dir "$RUNS/m
 fi
 part report 60 $PY benchmarks/gpu_report.py "$RUNS/mfu" --skip $SKIP && show report
 
-# 2. Tracer cost, same process: off / default tracing interleaved (progress per round).
-part tracer_cost 260 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE \
-  --rounds $ROUNDS --steps 1 --warmup 2 --progress "${MFU_SET[@]}"
-show tracer_cost 30
+# 2-4. Each change that may raise MFU alone, then together (the same preset and tracing otherwise):
+#   cuDNN's attention kernels first, the compiled loss, 64 sequences a step (the optimizer paid once
+#   per 16 micro-batches instead of 8).
+VARIANTS=(mfu)
+variant() {  # variant NAME STEPS --set ...: one more MFU run
+  local name=$1 steps=$2; shift 2
+  part "$name" 150 "${TRAIN[@]}" "${PRESET[@]}" --steps "$steps" "${MFU_SET[@]}" "$@" --run-dir "$RUNS/$name" \
+    && VARIANTS+=("$name")
+}
+variant mfu_cudnn $STEPS --set train.attention_backend=cudnn
+variant mfu_loss $STEPS --set train.compile_loss=true
+variant mfu_all $BIG_STEPS --set train.attention_backend=cudnn --set train.compile_loss=true \
+  --set train.global_batch=$BIG_BATCH
+part report_variants 60 $PY benchmarks/gpu_report.py "${VARIANTS[@]/#/$RUNS/}" --skip $SKIP \
+  && show report_variants 60
 
-# 3. A straggler on a real device: two ranks on the one GPU (gloo), rank 1 slowed 1.5x from step 10.
+# 5. A straggler on a real device: two ranks on the one GPU (gloo), rank 1 slowed 1.5x from step 10.
 part straggler 120 "${TRAIN[@]}" "${STRAGGLER[@]}" --dp 2 --set train.backend=gloo --set parallel.zero=false \
   --steps $STRAGGLER_STEPS --inject straggler:rank=1,slowdown=1.5,from=10 --run-dir "$RUNS/straggler"
 part straggler_report 40 $PY benchmarks/gpu_report.py "$RUNS/straggler" --skip $SKIP && show straggler_report
 
-# 4. Eager blocks, for the compiled run's gain.
-part mfu_eager 120 "${TRAIN[@]}" "${PRESET[@]}" --steps $EAGER_STEPS --set train.compile=false "${MFU_SET[@]}" \
-  --run-dir "$RUNS/mfu_eager"
-part report_both 40 $PY benchmarks/gpu_report.py "$RUNS/mfu" "$RUNS/mfu_eager" --skip $SKIP && show report_both
+# 6. The GPU tests (the gpu marker: kernels, CUDA-event tracing, CUPTI, the device delay).
+if [ "$DEVICE" = cuda ]; then
+  part gpu_tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_tracer_gpu.py \
+    tests/test_gpu_delay.py tests/test_import_kineto_gpu.py tests/test_compile.py
+  show gpu_tests 15
+fi
 
-# 5. CUPTI kernel activity: off / default / default + CUPTI interleaved.
+# 7. What is left of the budget: the tracer's and CUPTI's cost, eager blocks, window attention.
+part tracer_cost 260 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE \
+  --rounds $ROUNDS --steps 1 --warmup 2 --progress "${MFU_SET[@]}"
+show tracer_cost 30
 part cupti_cost 200 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE --cupti \
   --rounds $CUPTI_ROUNDS --steps 1 --warmup 2 --progress "${MFU_SET[@]}"
 show cupti_cost 30
-
-# 6. Attention paths and the GPU tests.
-if [ "$DEVICE" = cuda ]; then
-  part attention 60 $PY benchmarks/attention_window.py && show attention
-  part gpu_tests 90 $PY -m pytest -q tests/test_kernels.py tests/test_tracer_gpu.py tests/test_gpu_delay.py
-  show gpu_tests 3
-fi
+part mfu_eager 120 "${TRAIN[@]}" "${PRESET[@]}" --steps $EAGER_STEPS --set train.compile=false "${MFU_SET[@]}" \
+  --run-dir "$RUNS/mfu_eager"
+part report_eager 40 $PY benchmarks/gpu_report.py "$RUNS/mfu" "$RUNS/mfu_eager" --skip $SKIP && show report_eager
+[ "$DEVICE" = cuda ] && part attention 60 $PY benchmarks/attention_window.py && show attention
 echo "=== done in $SECONDS s of the ${BUDGET}s budget" | tee -a "$SUMMARY"
 tar czf "$OUT/runs.tgz" -C "$RUNS" . 2>/dev/null

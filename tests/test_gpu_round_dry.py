@@ -20,8 +20,10 @@ def test_gpu_round_dry_run_completes_every_part(tmp_path: Path) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     summary = (out / "summary.md").read_text()
     ended = dict(re.findall(r"^=== (\S+): rc=(\d+)", summary, re.M))
-    assert ended == {name: "0" for name in ("mfu", "report", "tracer_cost", "straggler", "straggler_report",
-                                            "mfu_eager", "report_both", "cupti_cost")}, summary
+    assert ended == {name: "0" for name in ("mfu", "report", "mfu_cudnn", "mfu_loss", "mfu_all",
+                                            "report_variants", "tracer_cost", "straggler", "straggler_report",
+                                            "mfu_eager", "report_eager", "cupti_cost")}, summary
+    assert all(f"| {name} |" in summary for name in ("mfu_cudnn", "mfu_loss", "mfu_all"))  # one table
     assert "| MFU (analyzer) |" in summary and "Step-time breakdown" in summary
     assert re.search(r"\| step time \(wall\) \| off \| on \| [\d.]+ \| [\d.]+ \| [\d.]+ \([\d.]+-[\d.]+\)", summary)
     assert "- straggler: " in summary  # the straggler run's findings line (a verdict on 2 busy cores is not judged)

@@ -5,11 +5,11 @@
     run.mfu().per_step; run.findings(); run.critical_path(step=10)
 """
 
+from megascope.analyzer.data.store import RunOpenError
+from megascope.analyzer.detect.hangs import HangReport
 from megascope.analyzer.findings import Finding
-from megascope.analyzer.hangs import HangReport
-from megascope.analyzer.heatmap import Heatmap
-from megascope.analyzer.mfu import MfuTimeline
 from megascope.analyzer.run import Run
-from megascope.analyzer.store import RunOpenError
+from megascope.analyzer.views.heatmap import Heatmap
+from megascope.analyzer.views.mfu import MfuTimeline
 
 __all__ = ["Run", "Finding", "HangReport", "Heatmap", "MfuTimeline", "RunOpenError"]

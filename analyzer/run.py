@@ -13,23 +13,23 @@ from typing import Any, Protocol
 
 import pandas as pd
 
-from megascope.analyzer import critical_path as cp
-from megascope.analyzer.event_pass import Engine, build_event_pass, late_arrivals
-from megascope.analyzer.explain import drop_explained
+from megascope.analyzer.data.event_pass import Engine, build_event_pass, late_arrivals
+from megascope.analyzer.data.store import DETECT_MEMORY_LIMIT, Store, load_sql
+from megascope.analyzer.data.summary_cache import SummaryState, ensure_summary
+from megascope.analyzer.detect.explain import drop_explained
+from megascope.analyzer.detect.flaps import FlapDetector
+from megascope.analyzer.detect.hangs import HangReport, find_hang
+from megascope.analyzer.detect.stragglers import StragglerDetector
+from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
 from megascope.analyzer.findings import SEVERITY_ORDER, Finding
-from megascope.analyzer.flaps import FlapDetector
-from megascope.analyzer.hangs import HangReport, find_hang
-from megascope.analyzer.heatmap import Heatmap, heatmap
-from megascope.analyzer.incidents import read_incidents, recovery_times
-from megascope.analyzer.mfu import MfuTimeline, mfu_timeline
-from megascope.analyzer.self_check_records import read_self_checks
-from megascope.analyzer.step_graph import build_step_graph, dependency_edges, events_window
-from megascope.analyzer.store import DETECT_MEMORY_LIMIT, Store, load_sql
-from megascope.analyzer.stragglers import StragglerDetector
-from megascope.analyzer.summary_cache import SummaryState, ensure_summary
-from megascope.analyzer.watch_live import FINDINGS_FILE, LiveFinding, read_live_findings
-from megascope.analyzer.what_if import what_if
-from megascope.analyzer.workload_imbalance import WorkloadImbalanceDetector
+from megascope.analyzer.graph import critical_path as cp
+from megascope.analyzer.graph.step_graph import build_step_graph, dependency_edges, events_window
+from megascope.analyzer.graph.what_if import what_if
+from megascope.analyzer.views.heatmap import Heatmap, heatmap
+from megascope.analyzer.views.incidents import read_incidents, recovery_times
+from megascope.analyzer.views.mfu import MfuTimeline, mfu_timeline
+from megascope.analyzer.views.self_check_records import read_self_checks
+from megascope.analyzer.watch.live import FINDINGS_FILE, LiveFinding, read_live_findings
 
 
 class Detector(Protocol):
@@ -65,7 +65,7 @@ class Run:
         from megascope.tracer.storage import is_url
         if not is_url(path):
             return cls(Store(path, threads=threads), detectors, progress, engine)
-        from megascope.analyzer.remote_run import PartialMirror, local_run_dir
+        from megascope.analyzer.data.remote_run import PartialMirror, local_run_dir
         store = PartialMirror(str(path), threads=threads) if engine is not None \
             else Store(local_run_dir(path), threads=threads)
         return cls(store, detectors, progress, engine)
@@ -249,5 +249,5 @@ class Run:
 
     def report(self, with_what_if: bool = True) -> dict:
         """The `megascope analyze --json` object."""
-        from megascope.analyzer.report import build_report
+        from megascope.analyzer.report.build import build_report
         return build_report(self, with_what_if=with_what_if)

@@ -97,7 +97,7 @@ def measure_stall(preset: str, mode: str, saves: int, world: int = 2) -> dict:
 
 
 def measure_recovery() -> list[dict]:
-    from megascope.analyzer.incidents import read_incidents, recovery_times
+    from megascope.analyzer.views.incidents import read_incidents, recovery_times
 
     rows = []
     for fault in ("crash:rank=1,at=5", "hang:rank=2,at=5"):

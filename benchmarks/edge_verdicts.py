@@ -33,7 +33,7 @@ from benchmarks.accuracy_independent import HELD_OUT, TUNED, _quiet_import  # no
 from benchmarks.accuracy_independent import cases as independent_cases  # noqa: E402
 from benchmarks.analyzer_accuracy import LAYOUT, sim_suite  # noqa: E402
 from megascope.analyzer import Run  # noqa: E402
-from megascope.analyzer import event_pass as ep  # noqa: E402
+from megascope.analyzer.data import event_pass as ep  # noqa: E402
 from megascope.samples.simulator import SimConfig, simulate  # noqa: E402
 from megascope.tracer.edge_summary import summarize_run  # noqa: E402
 

@@ -34,13 +34,13 @@ import sys
 import time
 from pathlib import Path
 
-from megascope.analyzer import heatmap
+from megascope.analyzer.views import heatmap
 
-METRICS = list(heatmap.METRICS)  # the dashboard's metrics and groupings, one definition (analyzer/heatmap.py)
+METRICS = list(heatmap.METRICS)  # the dashboard's metrics and groupings, one definition (analyzer/views/heatmap.py)
 GROUPS = list(heatmap.GROUPS)
 STRAGGLER, ONSET, SLOWDOWN = 1000, 400, 1.3
 
-# the summary's columns (analyzer/summary_cache.py) from a timing model; {f} forward per micro-batch
+# the summary's columns (analyzer/data/summary_cache.py) from a timing model; {f} forward per micro-batch
 _SYNTH = """
 WITH _g AS (
     SELECT t.rank, s.range AS step, t.pp, t.dp, t.tp, t.host,
@@ -97,7 +97,7 @@ def make_synthetic_run(out: Path, dp: int, tp: int, pp: int, steps: int) -> floa
     import pyarrow.parquet as pq
 
     from megascope.analyzer import Run
-    from megascope.analyzer.summary_cache import write_summary
+    from megascope.analyzer.data.summary_cache import write_summary
     from megascope.tracer.run_dir import write_manifest
     from megascope.tracer.schema import TABLES
 
@@ -246,8 +246,8 @@ def heatmap_part(args: argparse.Namespace) -> None:
     """Part 1: the synthesized 12,288 x 1,000 run, one fresh process per metric."""
     world = args.dp * args.tp * args.pp
     synth = args.out / f"synthetic-{world}x{args.steps}"
-    from megascope.analyzer.store import Store
-    from megascope.analyzer.summary_cache import is_current
+    from megascope.analyzer.data.store import Store
+    from megascope.analyzer.data.summary_cache import is_current
     kept = args.keep and (synth / "run.json").is_file() and is_current(Store(synth))  # else re-synthesize
     gen_s = float("nan") if kept else make_synthetic_run(synth, args.dp, args.tp, args.pp, args.steps)
     size_mb = sum(f.stat().st_size for f in (synth / "analysis" / "rank_step").glob("part-*.parquet")) / 2**20

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megascope.analyzer.watch import WatchConfig, Watcher  # noqa: E402
+from megascope.analyzer.watch.watcher import WatchConfig, Watcher  # noqa: E402
 from tests.independent_gen import GenSpec, HostPause, Noise, SlowRank, import_run  # noqa: E402
 from tests.watch_feed import Feeder, simulate_steps  # noqa: E402
 

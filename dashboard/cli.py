@@ -50,8 +50,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParse
 
 
 def run(args: argparse.Namespace) -> int:
-    from megascope.analyzer.remote_run import follow_all
-    from megascope.analyzer.store import RunOpenError
+    from megascope.analyzer.data.remote_run import follow_all
+    from megascope.analyzer.data.store import RunOpenError
 
     try:  # object-store runs: served from local mirrors kept in sync while the server runs
         args.runs, followers = follow_all(args.runs, args.refresh)

@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from megascope.analyzer.heatmap import METRICS as HEATMAP_METRICS
-from megascope.analyzer.heatmap import color_range
+from megascope.analyzer.views.heatmap import METRICS as HEATMAP_METRICS
+from megascope.analyzer.views.heatmap import color_range
 from megascope.dashboard.widgets import FIGURE_MARGIN, FIGURE_TEMPLATE, empty_figure
 
 METRICS: dict[str, str] = {name: m.label for name, m in HEATMAP_METRICS.items()}

@@ -12,7 +12,7 @@ import pandas as pd
 from dash import html
 
 from megascope.analyzer import Run
-from megascope.analyzer.self_check_records import self_check_ranks
+from megascope.analyzer.views.self_check_records import self_check_ranks
 from megascope.dashboard import ids
 from megascope.dashboard.widgets import data_table
 

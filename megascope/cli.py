@@ -16,12 +16,12 @@ from megascope import __version__
 # subcommand -> (module exposing add_parser(subparsers) and run(args) -> int, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("megascope.trainer.cli", "train a GPT with dp x tp x pp parallelism, traced into a run directory"),
-    "analyze": ("megascope.analyzer.cli", "find stragglers, flaps, hangs and the MFU timeline of a run"),
-    "export": ("megascope.analyzer.export_cli", "write a Perfetto/Chrome trace of a run"),
+    "analyze": ("megascope.analyzer.report.analyze_cli", "find stragglers, flaps, hangs and the MFU timeline of a run"),
+    "export": ("megascope.analyzer.report.export_cli", "write a Perfetto/Chrome trace of a run"),
     "dashboard": ("megascope.dashboard.cli", "web UI over one or more runs (live or offline)"),
     "import": ("megascope.tracer.importers.cli",
                "turn PyTorch profiler / NDTimeline / flight-recorder dumps into a run"),
-    "watch": ("megascope.analyzer.watch_cli", "follow a running job: live findings, webhook, Prometheus metrics"),
+    "watch": ("megascope.analyzer.watch.cli", "follow a running job: live findings, webhook, Prometheus metrics"),
     "simulate": ("megascope.samples.simulate_cli", "write a simulated run for any layout, with injected faults"),
     "demo": ("megascope.samples.demo", "train, trace and diagnose a small job end to end"),
 }

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from megascope.analyzer import event_pass as ep
-from megascope.analyzer.store import Store
+from megascope.analyzer.data import event_pass as ep
+from megascope.analyzer.data.store import Store
 
 EXACT = ["compute_s", "forward_s", "backward_s", "optimizer_s", "recv_s", "collective_s", "data_wait_s",
          "step_time_s", "tokens", "n_events"]
@@ -118,7 +118,7 @@ def test_event_ids_before_the_first_step(run_dir, tmp_path):
     import shutil
 
     from megascope.analyzer import Run
-    from megascope.analyzer.step_graph import event_id, event_id_parts
+    from megascope.analyzer.graph.step_graph import event_id, event_id_parts
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     _add_init_events(copy, [0, 1, 15])

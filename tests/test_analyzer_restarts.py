@@ -1,4 +1,4 @@
-"""Steps re-run after an elastic restart (analyzer/attempts.py): the analyzer's views keep only the
+"""Steps re-run after an elastic restart (analyzer/data/attempts.py): the analyzer's views keep only the
 latest attempt of each (rank, step). A simulated run turned into a restarted one must analyze exactly
 like the same run without the crashed attempt's re-run steps (with or without a restart incident, and
 when the persisted summary was built before the restart); a real `megascope train` with an injected
@@ -18,7 +18,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from megascope.analyzer import Run, event_pass
+from megascope.analyzer import Run
+from megascope.analyzer.data import event_pass
 
 STEPS, RESUME, CRASH = 12, 6, 9
 """Attempt 0 ran steps 0..CRASH-1 and part of CRASH; attempt 1 restored the checkpoint at RESUME."""

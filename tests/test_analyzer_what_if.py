@@ -14,14 +14,14 @@ import pytest
 
 from megascope.analyzer import Run
 from megascope.analyzer.findings import Finding
-from megascope.analyzer.span_split import split_compute
-from megascope.analyzer.step_graph import (
+from megascope.analyzer.graph.span_split import split_compute
+from megascope.analyzer.graph.step_graph import (
     GraphCycleError,
     events_window,
     graph_from_events,
     topological_levels,
 )
-from megascope.analyzer.what_if import _inputs, net_compute, replay
+from megascope.analyzer.graph.what_if import _inputs, net_compute, replay
 from megascope.tracer import run_dir as rd
 from megascope.tracer.schema import EVENTS, SCHEMA_VERSION, STEPS
 

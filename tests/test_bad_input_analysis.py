@@ -242,7 +242,7 @@ def test_color_scale_clips_a_whole_warm_up_column():
     skips: the scale must still end near the straggler, not at the warm-up."""
     import numpy as np
 
-    from megascope.analyzer.heatmap import color_range
+    from megascope.analyzer.views.heatmap import color_range
 
     values = 0.3 + 0.1 * np.random.default_rng(0).random((8, 30))
     values[3, 8:] = 0.6

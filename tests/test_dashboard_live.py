@@ -12,9 +12,10 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from megascope.analyzer import Run, watch
-from megascope.analyzer.watch import WatchConfig, Watcher
-from megascope.analyzer.watch_live import FINDINGS_FILE, read_live_findings
+from megascope.analyzer import Run
+from megascope.analyzer.watch import watcher as watch
+from megascope.analyzer.watch.live import FINDINGS_FILE, read_live_findings
+from megascope.analyzer.watch.watcher import WatchConfig, Watcher
 from megascope.dashboard.app import create_app
 from tests.test_dashboard_callbacks import _text
 from tests.watch_feed import Feeder, simulate_steps

@@ -183,7 +183,7 @@ def _values(payload: str, prop: str, page_paths: list[str]) -> list:
 
 def test_callback_inputs_and_query_parameters_never_become_paths_or_sql(runs, monkeypatch):
     from megascope.analyzer import Run
-    from megascope.analyzer.store import Store
+    from megascope.analyzer.data.store import Store
     from megascope.dashboard.app import create_app
 
     served, secret = runs

@@ -1,4 +1,4 @@
-"""The per-rank-step summary persisted in RUN/analysis/rank_step (analyzer/summary_cache.py): reused
+"""The per-rank-step summary persisted in RUN/analysis/rank_step (analyzer/data/summary_cache.py): reused
 when the segments are unchanged, extended by a new part when a live run adds segments, rebuilt
 otherwise; the same numbers as a full build either way."""
 
@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from megascope.analyzer import Run, event_pass, summary_cache
+from megascope.analyzer import Run
+from megascope.analyzer.data import event_pass, summary_cache
 
 STEPS = 12
 
@@ -166,7 +167,7 @@ def test_a_run_whose_segments_hold_no_rows_yet_gives_an_empty_heatmap(simulated_
     run = simulated_run(dp=2, tp=1, pp=1, steps=2)
     for seg in list((run / "events").glob("*/*.parquet")) + list((run / "steps").glob("*/*.parquet")):
         pq.write_table(pq.read_schema(seg).empty_table(), seg)
-    from megascope.analyzer.store import Store
+    from megascope.analyzer.data.store import Store
     assert not summary_cache.is_current(Store(run))
     hm = Run.open(run).heatmap("compute")
     assert hm.values.shape == (0, 0) and hm.rows == []

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from megascope.analyzer import Run
-from megascope.analyzer.event_pass import edge_summaries_cover
+from megascope.analyzer.data.event_pass import edge_summaries_cover
 from megascope.tracer.edge_summary import LAG_STEPS, EdgeSummarizer, SummarizingSink, summarize_run
 from megascope.tracer.schema import EDGE, EVENTS, STEPS
 from megascope.tracer.sink import ParquetSegmentSink
@@ -31,7 +31,7 @@ from tests.test_analyzer_restarts import runs  # noqa: F401 - the restarted runs
 
 TABLE_KEYS = {"rank_step": ["rank", "step"], "_p2p_peer_step": ["rank", "step", "peer"],
               "collective_instances": ["group", "instance", "seq"]}
-"""The event pass's tables (analyzer/event_pass.py build_event_pass) and the keys they are sorted by."""
+"""The event pass's tables (analyzer/data/event_pass.py build_event_pass) and the keys they are sorted by."""
 
 
 # ---- helpers --------------------------------------------------------------------------------------
@@ -262,7 +262,7 @@ def test_member_partials_and_the_complete_shortcut_equal_the_flat_partials_merge
     import duckdb
     import numpy as np
 
-    from megascope.analyzer.event_pass import library_sql
+    from megascope.analyzer.data.event_pass import library_sql
 
     con = duckdb.connect()
     for text in library_sql():

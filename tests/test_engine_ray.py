@@ -28,10 +28,10 @@ os.environ["RAY_AUTH_MODE"] = "token"
 os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
 ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'megascope[ray]')")
 
-from megascope.analyzer import event_pass as ep  # noqa: E402
-from megascope.analyzer.engine_ray import RayEngine  # noqa: E402
+from megascope.analyzer.data import event_pass as ep  # noqa: E402
+from megascope.analyzer.data.engine_ray import RayEngine  # noqa: E402
+from megascope.analyzer.data.store import Store  # noqa: E402
 from megascope.analyzer.run import Run  # noqa: E402
-from megascope.analyzer.store import Store  # noqa: E402
 
 RAY = str(Path(sys.executable).parent / "ray")
 CLUSTER_TEMP: dict[str, str] = {}
@@ -233,7 +233,7 @@ def test_url_run_in_batches_with_a_damaged_segment(bucket, cluster, monkeypatch,
     """Two batches of rank patterns (rank=0000?, rank=0001?) planned from the bucket's listing, and a
     truncated events segment of rank 6 that only a task finds: the local engine's tables on a local
     copy, and the driver mirrors rank 6 (for the incomplete-data bounds) besides rank 0."""
-    from megascope.analyzer.remote_run import PartialMirror
+    from megascope.analyzer.data.remote_run import PartialMirror
     from megascope.tracer.storage import locate
 
     s3, _, copy = bucket

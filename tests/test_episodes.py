@@ -1,4 +1,4 @@
-"""The stretch statistics of analyzer/episodes.py: the binomial chance of a stretch of flagged steps
+"""The stretch statistics of analyzer/detect/episodes.py: the binomial chance of a stretch of flagged steps
 and the CUSUM that proposes sustained stretches, with the change point that places their onset."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 
-from megascope.analyzer.episodes import binomial_tail, change_point, cusum_stretches
+from megascope.analyzer.detect.episodes import binomial_tail, change_point, cusum_stretches
 
 
 def test_binomial_tail_matches_enumeration():
@@ -56,7 +56,7 @@ def test_a_gross_stretch_in_a_short_noisy_run_is_not_chance():
     # level (2x), which the peers reach on 2% of steps, it is not
     import pandas as pd
 
-    from megascope.analyzer.stragglers import StragglerDetector
+    from megascope.analyzer.detect.stragglers import StragglerDetector
 
     det = StragglerDetector()
     det._trials = 24

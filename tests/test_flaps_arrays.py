@@ -1,4 +1,4 @@
-"""The flap detector's array paths (analyzer/flaps.py) against the pandas computations they replaced:
+"""The flap detector's array paths (analyzer/detect/flaps.py) against the pandas computations they replaced:
 the noise keyed by dense link ids (matrix or frame), the observed steps per unordered link (bitmap or
 first-of-duplicates), and query results streamed into preallocated arrays (or read whole when the
 count or a NULL says otherwise)."""
@@ -11,9 +11,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from megascope.analyzer.flaps import _arrays, _key_ids, _keyed_noise, _LinkIds
-from megascope.analyzer.peer_stats import noise_sigma
-from megascope.analyzer.store import Store, load_sql
+from megascope.analyzer.data.store import Store, load_sql
+from megascope.analyzer.detect.flaps import _arrays, _key_ids, _keyed_noise, _LinkIds
+from megascope.analyzer.detect.peer_stats import noise_sigma
 from megascope.tracer.importers.cli import import_run
 from tests.megatron_1f1b_gen import GenConfig, write_parquet
 

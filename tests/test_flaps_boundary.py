@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from megascope.analyzer import Run
+from megascope.analyzer.data.store import load_sql
+from megascope.analyzer.detect.flaps import FlapDetector, group_boundaries
 from megascope.analyzer.findings import Finding
-from megascope.analyzer.flaps import FlapDetector, group_boundaries
-from megascope.analyzer.store import load_sql
 from megascope.tracer.importers.cli import import_run
 from tests.megatron_1f1b_gen import GenConfig, write_parquet
 

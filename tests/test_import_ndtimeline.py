@@ -234,7 +234,7 @@ def test_context_parallel_import_with_meta_and_with_cp(tmp_path: Path, capsys):
 
 
 def test_context_parallel_analysis_uses_cp_groups(tmp_path: Path):
-    from megascope.analyzer.flaps import instance_members
+    from megascope.analyzer.detect.flaps import instance_members
 
     src, meta = _cp_trace(tmp_path)
     import_run("ndtimeline", [src], tmp_path / "run", meta=meta)

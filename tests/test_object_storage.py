@@ -317,8 +317,8 @@ def test_partial_mirror_fetches_ranks_as_read_and_keeps_the_latest_attempts(runs
     the ranks it fetched later, so its views equal a local Store's once it holds every rank."""
     import pandas as pd
 
-    from megascope.analyzer.remote_run import PartialMirror
-    from megascope.analyzer.store import Store
+    from megascope.analyzer.data.remote_run import PartialMirror
+    from megascope.analyzer.data.store import Store
     from megascope.tracer.storage import locate
     from tests.test_analyzer_restarts import _clone
 
@@ -345,8 +345,8 @@ def test_held_store_reads_only_its_ranks_while_others_fill_the_folder(runs, tmp_
     """A Ray task's store over the mirror its host shares (remote_run.HeldStore): a segment another
     task fetched meanwhile, here a damaged one of rank 0, is neither read nor reported by the store of
     rank 1, while a plain Store of the same folder trips on it (CI saw a task fail on exactly this)."""
-    from megascope.analyzer.remote_run import HeldStore, RankFilter
-    from megascope.analyzer.store import Store
+    from megascope.analyzer.data.remote_run import HeldStore, RankFilter
+    from megascope.analyzer.data.store import Store
     from tests.test_analyzer_restarts import _clone
 
     folder = _clone(runs["reference"], tmp_path / "mirror", None)
@@ -382,7 +382,7 @@ def test_run_open_takes_a_url(runs, tmp_path, monkeypatch):  # noqa: F811
 def test_follower_backs_off_when_a_sync_is_slow(runs, tmp_path, monkeypatch):  # noqa: F811
     """A live reader's follower lists the whole run each sync: it waits at least 10x the last sync's
     duration before the next one, so a run with 10^5 objects is not listed back to back."""
-    from megascope.analyzer.remote_run import Follower, mirror_folder
+    from megascope.analyzer.data.remote_run import Follower, mirror_folder
     from megascope.tracer.storage import locate
 
     monkeypatch.setenv("MEGASCOPE_CACHE_DIR", str(tmp_path / "cache"))

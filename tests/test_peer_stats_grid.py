@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from megascope.analyzer.episodes import cusum_stretches, cusum_stretches_rows
-from megascope.analyzer.peer_stats import (
+from megascope.analyzer.detect.episodes import cusum_stretches, cusum_stretches_rows
+from megascope.analyzer.detect.peer_stats import (
     ScoreGrid,
     _tp_ratio,
     kahan_means,
@@ -23,7 +23,7 @@ from megascope.analyzer.peer_stats import (
     replica_score_rows,
     row_groups,
 )
-from megascope.analyzer.workload_imbalance import _rolling_median
+from megascope.analyzer.detect.workload_imbalance import _rolling_median
 
 
 def _grid(rng: np.random.Generator, pp: int, dp: int, tp: int, steps: int, missing: float) -> ScoreGrid:

@@ -16,9 +16,9 @@ import pandas as pd
 import pytest
 
 from megascope.analyzer import Run
+from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
 from megascope.analyzer.findings import KINDS
-from megascope.analyzer.report import SCHEMA_VERSION, json_safe
-from megascope.analyzer.workload_imbalance import WorkloadImbalanceDetector
+from megascope.analyzer.report.build import SCHEMA_VERSION, json_safe
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "report.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from megascope.analyzer import incidents, self_check_records
+from megascope.analyzer.views import incidents, self_check_records
 
 
 def test_incidents_and_recovery_time(tmp_path):
@@ -37,8 +37,8 @@ def test_self_check_records(tmp_path):
 
 def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path, simulated_run):
     from megascope.analyzer import Run
-    from megascope.analyzer.html_report import write_html
-    from megascope.analyzer.report import render_text
+    from megascope.analyzer.report.build import render_text
+    from megascope.analyzer.report.html import write_html
 
     run_dir = simulated_run(dp=2, tp=1, pp=1, steps=4)
     lines = [{"time": 10.0, "kind": "stall", "attempt": 0, "ranks": [1], "detail": "rank 1 stalled 5 s in all_reduce",
@@ -73,7 +73,7 @@ def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path, sim
 
 def test_report_of_a_run_without_incidents_has_empty_robustness(simulated_run):
     from megascope.analyzer import Run
-    from megascope.analyzer.report import render_text
+    from megascope.analyzer.report.build import render_text
 
     report = Run.open(simulated_run(dp=2, tp=1, pp=1, steps=3)).report(with_what_if=False)
     assert report["robustness"] == {"incidents": [], "recovery": [], "self_checks": [], "summary": []}

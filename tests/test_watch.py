@@ -19,14 +19,15 @@ from typing import ClassVar
 import jsonschema
 import pytest
 
-from megascope.analyzer import Run, watch
+from megascope.analyzer import Run
+from megascope.analyzer.data.summary_cache import is_current
 from megascope.analyzer.findings import Finding
-from megascope.analyzer.report import json_safe
-from megascope.analyzer.summary_cache import is_current
-from megascope.analyzer.watch import WatchConfig, Watcher
-from megascope.analyzer.watch_sinks import BackgroundSink, post_json
-from megascope.analyzer.watch_tracker import Tracker
-from megascope.analyzer.watch_window import SegmentSteps, WindowStore
+from megascope.analyzer.report.build import json_safe
+from megascope.analyzer.watch import watcher as watch
+from megascope.analyzer.watch.sinks import BackgroundSink, post_json
+from megascope.analyzer.watch.tracker import Tracker
+from megascope.analyzer.watch.watcher import WatchConfig, Watcher
+from megascope.analyzer.watch.window import SegmentSteps, WindowStore
 from tests.watch_feed import Feeder, simulate_steps
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "report.schema.json").read_text())

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from megascope.analyzer.watch import WatchConfig, Watcher
-from megascope.analyzer.watch_metrics import WatchMetrics
+from megascope.analyzer.watch.metrics import WatchMetrics
+from megascope.analyzer.watch.watcher import WatchConfig, Watcher
 from tests.watch_feed import Feeder, simulate_steps
 
 ROOT = Path(__file__).parents[1]

@@ -7,10 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from megascope.analyzer.peer_stats import HANDED_COLUMNS, load_grid, take_grid
-from megascope.analyzer.store import Store
-from megascope.analyzer.stragglers import StragglerDetector
-from megascope.analyzer.workload_imbalance import WorkloadImbalanceDetector
+from megascope.analyzer.data.store import Store
+from megascope.analyzer.detect.peer_stats import HANDED_COLUMNS, load_grid, take_grid
+from megascope.analyzer.detect.stragglers import StragglerDetector
+from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
 
 DP, PP, TP, STEPS = 4, 2, 2, 20
 

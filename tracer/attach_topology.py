@@ -8,7 +8,7 @@ Three sources, as `megascope.tracer.attach` takes them:
     dimension order is described as it is (the analyzer joins on the topology when the ranks are not
     numbered in Megatron order);
   - nothing: every rank is data parallel (world = dp).
-Groups follow Megatron's, as the analyzer matches them (analyzer/layout.py): tp peers share
+Groups follow Megatron's, as the analyzer matches them (analyzer/data/group_instances.py): tp peers share
 (pp, dp, cp), cp peers (pp, dp, tp), pp peers (dp, cp, tp), and dp is the gradient group, which with
 context parallelism spans dp x cp and shares (pp, tp).
 """

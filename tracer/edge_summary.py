@@ -1,13 +1,13 @@
 """Summaries at the edge: each rank's tracer turns its own events into the rows the analyzer's event
 pass derives from them, with the same macros (tracer/sql/), so that the central analysis of a big job
-reads O(ranks x steps) rows instead of every event (analyzer/event_pass.py reads them when every rank
+reads O(ranks x steps) rows instead of every event (analyzer/data/event_pass.py reads them when every rank
 wrote its last summary, and the raw events otherwise).
 
 Three tables beside the events (tracer/schema.py EDGE, docs/schema.md):
   edge_rank_step    one row per step: rank_step.sql's columns, less the topology's (pp, dp, tp, host)
   edge_peer_step    per step and p2p peer: event_pass.sql's per (rank, step, peer) rows
   edge_collectives  the rank's collective ops, issue and end: late arrivals' inputs, merged across
-                    ranks centrally (analyzer/sql/edge_collectives.sql: one aggregation of all members)
+                    ranks centrally (analyzer/data/sql/edge_collectives.sql: one aggregation of all members)
 
 A step is summarized once LAG_STEPS later steps have a steps row (GPU-timed events are resolved after
 the step, and an async op's `.wait` may come in the next step: it decides whether the op counts), or

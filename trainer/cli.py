@@ -165,8 +165,8 @@ def watch_args(args: argparse.Namespace) -> list[str] | None:
 
     extra = parse_watch_args(args.watch_args)
     # the watcher's own parser and checks (the analyzer is needed for --watch anyway: the watcher runs on it)
-    from megascope.analyzer.watch_cli import add_parser as add_watch_parser
-    from megascope.analyzer.watch_cli import check_args
+    from megascope.analyzer.watch.cli import add_parser as add_watch_parser
+    from megascope.analyzer.watch.cli import check_args
 
     class _Refused(argparse.ArgumentParser):
         def error(self, message: str):

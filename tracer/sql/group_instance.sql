@@ -1,5 +1,5 @@
 -- group_instance(grp, rank, dp, tp, cp, renumber) -> BIGINT: the instance of collective group `grp`
--- that `rank` belongs to (analyzer/layout.py's rule): dp peers share (pp, tp) (with context parallelism
+-- that `rank` belongs to (analyzer/data/group_instances.py's rule): dp peers share (pp, tp) (with context parallelism
 -- the gradient group spans dp x cp ranks), tp peers share (pp, dp, cp), cp peers (pp, dp, tp), pp and
 -- embedding peers (dp, cp, tp), world is one instance; NULL for any other group (not matched).
 --   grp VARCHAR, rank INT          -- the event's "group" and rank

@@ -1,0 +1,498 @@
+"""Network flaps and slow links, per p2p link (rank pair) and per collective group instance.
+
+Three series, each against the links/groups of the same kind at the same step:
+- p2p transfer time with peer waiting removed (the per-step floor of min(send, recv) durations), on
+  traces whose p2p spans end when the transfer does (GPU, simulated, imported); on CPU (gloo) traces
+  a p2p span ends at its host's wait(), so this series is skipped there;
+- collective transfer time (end - last arrival), also skipped on CPU (gloo) traces, where an async
+  collective's end is when the tracer observed its completion;
+- p2p stalls: host time both ends of a link lost right before issuing their transfers to each other
+  (a NIC or driver that blocks the issue: the transfer itself then looks normal, but both ends stall
+  in the same steps; one end alone stalling is that rank's late launch, not the link).
+A step is degraded when the ratio >= `flag_ratio` and beyond the run's noise (`z_flag` x the
+step-to-step noise of the log ratio, median over links), and the extra time is real (`min_extra_s`;
+stalls: `min_stall_frac` of the step). A link degraded on most steps is steadily slow (`slow_link`);
+one that collapses and recovers in episodes flaps (`network_flap`, with the episodes and their count).
+
+A p2p link is also judged against the other links of its pipeline boundary (the same pair of stages)
+over the whole run: a boundary whose transfers all carry some peer waiting on random steps (batched
+send+recv ops whose spans end with the slower of their two transfers) has each link "degraded" on
+many steps, and per step half of them sit above the median. A link counts only when it is degraded
+on more steps than the other links of its boundary make likely (`_beyond_boundary`). Links of one
+boundary still flagged together beyond `group_links` share a cause (their switch, or the schedule):
+they are reported as one finding that says so, never one finding per link.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from megascope.analyzer.data.event_pass import has_wait_spans
+from megascope.analyzer.data.group_instances import group_members
+from megascope.analyzer.data.store import Store, load_sql
+from megascope.analyzer.detect.episodes import runs
+from megascope.analyzer.detect.peer_stats import (
+    leave_one_out_median,
+    noise_sigma,
+    noise_sigma_dense,
+    warmup_steps,
+)
+from megascope.analyzer.findings import Finding, Kind, hosts_of, rank_list
+
+
+@dataclass
+class FlapConfig:
+    flag_ratio: float = 1.3
+    min_extra_s: float = 1e-4       # ignore degradations smaller than this (timer resolution, noise)
+    steady_fraction: float = 0.8    # degraded on this share of steps: steadily slow, not flapping
+    min_episodes: int = 2
+    min_episode_steps: int = 2
+    z_flag: float = 4.0             # degraded beyond this many noise sigmas of the log ratio
+    min_stall_frac: float = 0.1     # p2p stalls: extra host time >= this share of the step
+    # a link's degraded steps must exceed the binomial bound n*p0 + z*sqrt(n*p0*(1-p0)) of the other
+    # links of its boundary (p0: their share of degraded steps). With p0 = 0 (a clean boundary, every
+    # case of the simulated accuracy suite) nothing changes. Measured on tests/megatron_1f1b_gen.py
+    # (512 ranks, 100 steps, boundary 6-7 with +1.3 ms peer waiting on 40% of link-steps, two links
+    # flapping +4 ms in 3 episodes of 5 steps, seeds 0 and 1): after _above_boundary_peaks the
+    # waiting links keep 0-3 degraded steps (bound ~4.5 at z=4), the flapping links 15-16 (bound 0-2.2).
+    # Counting alone is not enough: before the peak filter the waiting links had 18-37 degraded steps
+    # (bound ~45) and the flapping one on that boundary 35.
+    boundary_z: float = 4.0
+    # more flagged links than this on one boundary are one shared cause (a host holds <= 8 GPUs, so a
+    # NIC's links are at most 8 but those flap at the same steps; independent faults on 4+ links of
+    # one boundary in one run are far less likely than one cause): one grouped finding
+    group_links: int = 3
+
+
+class FlapDetector:
+    def __init__(self, config: FlapConfig | None = None) -> None:
+        self.cfg = config or FlapConfig()
+
+    def detect(self, store: Store) -> list[Finding]:
+        bounds = store.query("SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns, "
+                             "median(step_time_s) AS step_time_s FROM rank_step GROUP BY step")
+        warm = sorted(int(s) for s in warmup_steps(bounds, 2.0)) if len(bounds) else []
+        bounds = bounds[~bounds.step.isin(warm)].set_index("step")
+        n_steps = len(bounds)
+        if n_steps == 0:
+            return []
+        wait_spans = has_wait_spans(store)  # CPU (gloo) traces: one query over the first rank's events
+        # both p2p series read one pairing of each link's two ends; dropped once read (10.75 M rows at
+        # 12,288 ranks x 1,000 steps)
+        store.execute(load_sql("p2p_links"), {"warm": warm})
+        try:
+            out = self._p2p(store, n_steps, bounds, wait_spans) + self._stalls(store, n_steps, bounds)
+        finally:
+            store.execute("DROP TABLE IF EXISTS p2p_link_pairs")
+        links = group_boundaries(_dedupe_links(out), store.topology, self.cfg.group_links)
+        return links + self._collectives(store, n_steps, bounds, warm, wait_spans)
+
+    def _threshold(self, sigma: float) -> float:
+        """The log ratio a step must reach: the flag ratio, and beyond z_flag noise sigmas."""
+        return max(np.log(self.cfg.flag_ratio), self.cfg.z_flag * sigma)
+
+    def _degraded(self, series: pd.DataFrame, key: list[str], value: str) -> pd.DataFrame:
+        """Rows of a (key, step, value, baseline_s, ratio) series (warm-up steps left out) that are
+        degraded beyond the noise."""
+        c = self.cfg
+        if series.empty:
+            return series
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lr = np.log(series.ratio.to_numpy(dtype=float))
+        # the noise keyed by one dense id per key (grouping 1.66 M collective rows by two string columns
+        # and the instance took most of this method's ~0.5 s at 12,288 x 1,000)
+        sigma = _keyed_noise(_key_ids(series, key), series.step.to_numpy(dtype=np.int64), lr)
+        with np.errstate(invalid="ignore"):
+            keep = (lr >= self._threshold(sigma)) & (series[value].to_numpy(dtype=float) -
+                                                      series.baseline_s.to_numpy(dtype=float) >= c.min_extra_s)
+        return series[keep].assign(lr=lr[keep])
+
+    def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame, wait_spans: bool) -> list[Finding]:
+        if wait_spans:
+            # CPU (gloo) traces: a p2p span ends when its host called wait(), so its floor measures the
+            # hosts' scheduling, not the link (8 ranks on 2 cores gave false 2-step "flaps" of +1 ms);
+            # there a link shows as both ends stalled before their transfers (_stalls)
+            return []
+        # numpy arrays, not a frame: at 12,288 x 1,000 the series is 21.5 M link-steps, and only the few
+        # degraded ones become rows (warm-up steps are left out in SQL, p2p_links)
+        # the rows p2p_series returns: one per direction with a floor
+        n = store.query("SELECT count(ab_floor_s) + count(ba_floor_s) AS n FROM p2p_link_pairs").n.iloc[0]
+        s = _arrays(store, load_sql("p2p_series"), int(n))
+        if not len(s["step"]):
+            return []
+        floor, base = s["floor_s"], s["baseline_s"]
+        # the log of floor_s / baseline_s, the ratio divided here as SQL would (IEEE division: the same
+        # double), NaN without a baseline; one array, logged in place
+        lr = np.full(len(floor), np.nan)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            np.divide(floor, base, out=lr, where=base != 0)
+            np.log(lr, out=lr)
+        # the rows over the flag ratio with real extra time, taken before the noise is known (its
+        # threshold is never below the flag ratio's), so that the series' other columns can go first
+        with np.errstate(invalid="ignore"):
+            rows = np.flatnonzero(lr >= np.log(self.cfg.flag_ratio))
+        rows = rows[floor[rows] - base[rows] >= self.cfg.min_extra_s]
+        bad = pd.DataFrame({"src": s["src"][rows], "dst": s["dst"][rows], "step": s["step"][rows],
+                            "floor_s": floor[rows], "baseline_s": base[rows], "ratio": floor[rows] / base[rows],
+                            "lr": lr[rows]})
+        src, dst, step = s["src"], s["dst"], s["step"]
+        del s, floor, base  # what is left reads the links, steps and log ratios
+        links = _LinkIds(src, dst, store.topology)
+        del src, dst
+        bad = bad[bad.lr.to_numpy() >= self._threshold(_keyed_noise(links.directed, step, lr))]
+        bad = _above_boundary_peaks(links, lr, bad)
+        bad = self._beyond_boundary(links.observed_steps(step), store.topology, bad)
+        return self._links(store, bad, "floor_s", n_steps, bounds, "transfer")
+
+    def _stalls(self, store: Store, n_steps: int, bounds: pd.DataFrame) -> list[Finding]:
+        c = self.cfg
+        n = store.query("SELECT count(*) AS n FROM p2p_link_pairs WHERE a < b").n.iloc[0]   # p2p_stalls' rows
+        s = _arrays(store, load_sql("p2p_stalls"), int(n))
+        if not len(s["step"]):
+            return []
+        stall, base, step = s["stall_s"], s["baseline_s"], s["step"]
+        # each row's step time by its step's offset (a reindex of 10.75 M steps took ~0.5 s); NaN for a
+        # step without bounds, as the reindex gave
+        lo, span = int(step.min()), int(step.max() - step.min()) + 1
+        per_step = np.full(span, np.nan)
+        known = bounds.index.to_numpy(dtype=np.int64)
+        inside = (known >= lo) & (known < lo + span)
+        per_step[known[inside] - lo] = bounds.step_time_s.to_numpy(dtype=float)[inside]
+        step_time = per_step[step - lo]
+        with np.errstate(invalid="ignore"):
+            rows = np.flatnonzero((stall - base >= c.min_stall_frac * step_time) & (stall >= c.flag_ratio * base))
+        b = base[rows]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.divide(stall[rows], b, out=np.full(len(rows), np.nan), where=b != 0)
+        bad = pd.DataFrame({"src": s["a"][rows], "dst": s["b"][rows], "step": step[rows], "stall_s": stall[rows],
+                            "baseline_s": b, "ratio": ratio})
+        if bad.empty:
+            return []
+        observed = _LinkIds(s["a"], s["b"], store.topology).observed_steps(step)
+        bad = self._beyond_boundary(observed, store.topology, bad)
+        return self._links(store, bad, "stall_s", n_steps, bounds, "stall")
+
+    def _beyond_boundary(self, observed: pd.Series, topology: pd.DataFrame, bad: pd.DataFrame) -> pd.DataFrame:
+        """The degraded rows (src, dst, step) of the links degraded on more steps than the other links of
+        their boundary (same pair of stages) explain: count > n*p0 + z*sqrt(n*p0*(1-p0)), with n the
+        link's observed steps (`observed`, _LinkIds.observed_steps) and p0 the other links' share of
+        degraded steps."""
+        if bad.empty:
+            return bad
+        degraded = _link_steps(bad, topology).groupby(["lo", "hi", "a", "b"]).size()
+        degraded = degraded.reindex(observed.index, fill_value=0)
+        boundary = ["lo", "hi"]
+        others_deg = degraded.groupby(level=boundary).transform("sum") - degraded
+        others_obs = observed.groupby(level=boundary).transform("sum") - observed
+        p0 = (others_deg / others_obs.where(others_obs > 0)).fillna(0.0)
+        bound = observed * p0 + self.cfg.boundary_z * np.sqrt(observed * p0 * (1 - p0))
+        keep = degraded[degraded > bound].index.droplevel(boundary)
+        pairs = pd.MultiIndex.from_arrays([bad[["src", "dst"]].min(axis=1), bad[["src", "dst"]].max(axis=1)])
+        return bad[pairs.isin(keep)]
+
+    def _links(self, store: Store, bad: pd.DataFrame, value: str, n_steps: int, bounds: pd.DataFrame,
+               how: str) -> list[Finding]:
+        if bad.empty:
+            return []
+        bad = bad.assign(a=bad[["src", "dst"]].min(axis=1), b=bad[["src", "dst"]].max(axis=1))
+        out = []
+        for (a, b), rows in bad.groupby(["a", "b"]):
+            per_step = rows.groupby("step").agg(ratio=("ratio", "max"), value=(value, "max"),
+                                                baseline=("baseline_s", "median"))
+            f = self._classify([int(a), int(b)], per_step, n_steps, bounds, store, what=f"link {a}<->{b}")
+            if f:
+                f.evidence["signal"] = how
+                out.append(f)
+        return out
+
+    def _collectives(self, store: Store, n_steps: int, bounds: pd.DataFrame, warm: list[int],
+                     wait_spans: bool) -> list[Finding]:
+        if wait_spans:
+            # CPU (gloo) traces: an async collective's end is when the tracer saw it complete (the next
+            # tracer event or sweep, up to ms later), so end - last arrival is not the group's transfer
+            # time (a clean real run gave a false dp-group "flap" of +0.9 ms)
+            return []
+        bad = self._degraded(store.frame(load_sql("collective_series"), {"warm": warm}),
+                             ["group", "instance", "name"], "effective_s")
+        if bad.empty:
+            return []
+        out = []
+        for (group, instance), rows in bad.groupby(["group", "instance"]):
+            per_step = rows.groupby("step").agg(ratio=("ratio", "max"), value=("effective_s", "max"),
+                                                baseline=("baseline_s", "median"))
+            members = instance_members(store, str(group), int(instance))
+            f = self._classify(members, per_step, n_steps, bounds, store,
+                               what=f"{group} group of ranks {rank_list(members)}", group=str(group))
+            if f:
+                out.append(f)
+        return out
+
+    def _classify(self, ranks: list[int], per_step: pd.DataFrame, n_steps: int, bounds: pd.DataFrame,
+                  store: Store, what: str, group: str = "pp") -> Finding | None:
+        c = self.cfg
+        # an episode is >= min_episode_steps long: a single degraded step is a hiccup, not a flap
+        episodes = [e for e in runs(per_step.index, max_gap=1) if e[2] >= c.min_episode_steps]
+        degraded = len(per_step)
+        ratio = float(per_step.ratio.median())
+        extra_ms = 1e3 * float((per_step.value - per_step.baseline).median())
+        hosts = hosts_of(store.topology, ranks)
+        where = " and ".join(hosts[:2]) + ("" if len(hosts) <= 2 else f" (+{len(hosts) - 2} hosts)")
+        evidence = {"group": group, "degraded_steps": degraded, "steps_observed": n_steps,
+                    "ratio_vs_peers": round(ratio, 3), "extra_ms": round(extra_ms, 3)}
+        first, last = int(per_step.index.min()), int(per_step.index.max())
+        if degraded >= c.steady_fraction * n_steps:
+            return Finding("slow_link", ranks, hosts, (first, last), ratio,
+                           f"The {what} ({where}) is steadily {ratio:.1f}x slower than its peers on "
+                           f"{degraded}/{n_steps} steps; check that link's cabling, NIC and switch port.",
+                           evidence | {"cause": "slow_comm"})
+        last_step = int(bounds.index.max())
+        # a p2p link may flap once and recover; a collective group's end times also hold its members'
+        # late waits on async ops, so one episode there is not evidence enough
+        one_recovered = len(episodes) == 1 and episodes[0][2] >= 2 and episodes[0][1] < last_step and group == "pp"
+        if len(episodes) < c.min_episodes and not one_recovered:
+            return None
+        evidence["episodes"] = [
+            {"first_step": e[0], "last_step": e[1], "start_ns": int(bounds.start_ns.get(e[0], 0)),
+             "end_ns": int(bounds.end_ns.get(e[1], 0)),
+             "ratio": round(float(per_step.loc[e[0]:e[1]].ratio.max()), 3)} for e in episodes]
+        evidence["episode_count"] = len(episodes)
+        evidence["cause"] = "flapping_comm"
+        return Finding("network_flap", ranks, hosts, (first, last), ratio,
+                       f"The {what} ({where}) flapped {len(episodes)} times between steps {first} and {last} "
+                       f"(+{extra_ms:.1f} ms per transfer while down); check that link's NIC, cable "
+                       f"and switch port logs for link up/down events.", evidence)
+
+
+def instance_members(store: Store, group: str, instance: int) -> list[int]:
+    """Global ranks of one collective group instance of the stored run (group_instances.group_members with the
+    run's sizes; the inverse of group_instances.instance_sql)."""
+    man = store.manifest["topology"]
+    return group_members(store.topology, int(man["dp"]), int(man["tp"]), int(man["pp"]), group, instance,
+                         cp=int(man.get("cp", 1)))
+
+
+def _arrays(store: Store, sql: str, rows: int | None = None) -> dict[str, np.ndarray]:
+    """A query's columns as numpy arrays (NULL: NaN), through Arrow: no pandas frame, whose blocks cost
+    a copy and ~1 s per 21.5 M rows. With `rows` (the count, when the caller knows it) each batch is
+    copied into its place as it comes, so the Arrow result and the arrays are never both held (~0.7 GB
+    at 21.5 M link-steps); a result of another size, or a NULL in an integer column, is read again
+    whole."""
+    def whole() -> dict[str, np.ndarray]:
+        table = store.con.sql(sql).to_arrow_reader(1 << 20).read_all()
+        out = {}
+        for name in table.column_names:
+            out[name] = table.column(name).to_numpy()
+            table = table.drop_columns([name])   # its buffers go now, not with the last column
+        return out
+
+    def streamed() -> dict[str, np.ndarray] | None:
+        assert rows is not None
+        reader = store.con.sql(sql).to_arrow_reader(1 << 20)
+        out = {f.name: np.empty(rows, dtype=f.type.to_pandas_dtype()) for f in reader.schema}
+        at = 0
+        for batch in reader:
+            end = at + batch.num_rows
+            if end > rows:
+                return None
+            for name, col in zip(batch.schema.names, batch.columns):
+                if col.null_count and out[name].dtype.kind != "f":
+                    return None
+                out[name][at:end] = col.to_numpy(zero_copy_only=False)
+            at = end
+        return out if at == rows else None
+
+    if rows is not None:
+        got = store.run_with_retry(streamed)
+        if got is not None:
+            return got
+    return store.run_with_retry(whole)
+
+
+class _LinkIds:
+    """The links of a p2p series (one row per link-step, ends in either order) by dense ids: per row its
+    directed link (src -> dst), per directed link its unordered one, per unordered link its ends (a < b)
+    and stages (lo <= hi). One int64 code per row hashed once: grouping 21.5 M link-steps by two or four
+    columns took seconds, and each grouping repeated it."""
+
+    def __init__(self, src: np.ndarray, dst: np.ndarray, topology: pd.DataFrame) -> None:
+        width = int(max(src.max(), dst.max())) + 1 if len(src) else 1
+        code = src.astype(np.int64)   # src * width + dst, in place (each temporary: 172 MB at 21.5 M rows)
+        code *= width
+        code += dst
+        directed, codes = pd.factorize(code)
+        del code
+        self.directed = directed.astype(np.int32)
+        """Per row: its directed link."""
+        codes = np.asarray(codes, dtype=np.int64)
+        s, d = codes // width, codes % width
+        unordered, ucodes = pd.factorize(np.minimum(s, d) * width + np.maximum(s, d))
+        self.unordered_of = unordered.astype(np.int32)
+        """Per directed link: its unordered link."""
+        a, b = np.asarray(ucodes) // width, np.asarray(ucodes) % width
+        pp = topology.set_index("rank")["pp"]
+        pa, pb = pp.reindex(a).to_numpy(), pp.reindex(b).to_numpy()
+        self.links = pd.DataFrame({"lo": np.minimum(pa, pb), "hi": np.maximum(pa, pb), "a": a, "b": b})
+        """Per unordered link: lo, hi (its stages, NaN for a rank without one), a, b."""
+
+    def unordered(self) -> np.ndarray:
+        """Per row: its unordered link."""
+        return self.unordered_of[self.directed]
+
+    def observed_steps(self, step: np.ndarray) -> pd.Series:
+        """Steps observed per unordered link (either direction), indexed (lo, hi, a, b) like a groupby of
+        _link_steps (links without a stage left out)."""
+        link = self.unordered()
+        n_links = len(self.links)
+        lo = int(step.min()) if len(step) else 0
+        span = int(step.max()) - lo + 1 if len(step) else 1
+        cell = link.astype(np.int64)   # link * span + step - lo, in place
+        cell *= span
+        cell += step
+        cell -= lo
+        if n_links * span <= max(4 * len(step), 1 << 24):
+            # a (link, step) bitmap: each link-step marked once however many rows it has
+            seen = np.zeros(n_links * span, dtype=bool)
+            seen[cell] = True
+            counts = seen.reshape(n_links, span).sum(axis=1)
+        else:  # sparse steps: the first row of each (link, step) cell
+            first = ~pd.Series(cell).duplicated().to_numpy()
+            counts = np.bincount(link[first], minlength=n_links)
+        links = self.links.assign(n=counts).dropna(subset=["lo", "hi"])
+        links = links[links.n > 0].sort_values(["lo", "hi", "a", "b"])
+        return pd.Series(links.n.to_numpy(), index=pd.MultiIndex.from_frame(links[["lo", "hi", "a", "b"]]))
+
+
+def _key_ids(series: pd.DataFrame, key: list[str]) -> np.ndarray:
+    """One dense int32 id per distinct combination of the `key` columns (-1 where one is missing): each
+    column factorized on its own, the codes combined into one int64 and factorized again."""
+    code = np.zeros(len(series), dtype=np.int64)
+    missing = np.zeros(len(series), dtype=bool)
+    for k in key:
+        codes, uniques = pd.factorize(series[k])
+        missing |= codes < 0
+        code *= len(uniques) + 1
+        code += codes
+    ids = pd.factorize(code)[0].astype(np.int32)
+    ids[missing] = -1
+    return ids
+
+
+def _keyed_noise(key: np.ndarray, step: np.ndarray, lr: np.ndarray) -> float:
+    """noise_sigma of the log ratio per key (dense ids, -1: no key; non-finite ratios and rows without a
+    key left out, as noise_sigma's dropna left them). When every key has every step once (all kept),
+    the keys x steps matrix is placed by id and given to noise_sigma_dense; else noise_sigma keyed by
+    the one int32 column (its grouping of 21.5 M p2p link-steps by src and dst took ~1 s)."""
+    kept = np.isfinite(lr) & (key >= 0)
+    n_keys = int(key.max()) + 1 if len(lr) else 0
+    lo = int(step.min()) if len(step) else 0
+    span = int(step.max()) - lo + 1 if len(step) else 0
+    if kept.all() and n_keys * span == len(lr):
+        dense = np.full((n_keys, span), np.nan)
+        dense[key, step - lo] = lr
+        if not np.isnan(dense).any():  # as many rows as cells, each cell filled: each once
+            return noise_sigma_dense(dense)
+        del dense
+    cols = {"key": key, "step": step, "lr": lr}
+    if not kept.all():
+        cols = {k: v[kept] for k, v in cols.items()}
+    # three dtypes, three blocks: copy=False keeps the arrays (one dtype twice would be stacked, a copy)
+    return noise_sigma(pd.DataFrame(cols, copy=False), "lr", key="key")
+
+
+def _above_boundary_peaks(links: _LinkIds, lr: np.ndarray, bad: pd.DataFrame) -> pd.DataFrame:
+    """The degraded p2p rows whose log ratio exceeds the worst step of the boundary's typical link:
+    the median, over the OTHER links of the same pair of stages, of each link's largest log ratio in
+    the run. On a clean boundary that peak is a few noise sigmas, below the z_flag threshold, and this
+    changes nothing; on a boundary whose transfers all carry random peer waiting (+1.2-1.5 ms on 4 ms)
+    it is the top of that scatter, which a link's own fault (+4 ms) still clears. `lr`: the log ratio
+    of every row of the series `links` was built from."""
+    if bad.empty:
+        return bad
+    finite = np.isfinite(lr)
+    link = links.unordered()
+    if not finite.all():
+        link, lr = link[finite], lr[finite]
+    top = np.full(len(links.links), -np.inf)
+    np.maximum.at(top, link, lr)   # each link's largest finite log ratio (a groupby took ~1 s)
+    has = np.bincount(link, minlength=len(top)) > 0
+    peak = links.links[has].assign(lr=top[has]).dropna(subset=["lo", "hi"])
+    peak = peak.sort_values(["lo", "hi", "a", "b"]).reset_index(drop=True)
+    peak["typical"] = leave_one_out_median(peak, ["lo", "hi"], "lr")
+    typical = peak.set_index(["a", "b"]).typical
+    pairs = pd.MultiIndex.from_arrays([bad[["src", "dst"]].min(axis=1), bad[["src", "dst"]].max(axis=1)])
+    limit = typical.reindex(pairs).fillna(-np.inf).to_numpy()   # a link alone on its boundary: no peers
+    return bad[bad.lr.to_numpy() > limit]
+
+
+def _link_steps(rows: pd.DataFrame, topology: pd.DataFrame, dedupe: bool = True) -> pd.DataFrame:
+    """(lo, hi, a, b, step) once per unordered link and step: lo/hi its stages, a < b its ranks."""
+    pp = topology.set_index("rank")["pp"]
+    a = np.minimum(rows.src.to_numpy(), rows.dst.to_numpy())
+    b = np.maximum(rows.src.to_numpy(), rows.dst.to_numpy())
+    pa, pb = pp.reindex(a).to_numpy(), pp.reindex(b).to_numpy()
+    out = pd.DataFrame({"lo": np.minimum(pa, pb), "hi": np.maximum(pa, pb), "a": a, "b": b,
+                        "step": rows.step.to_numpy()})
+    if not dedupe or out.empty:
+        return out
+    # lo and hi follow from a and b: one int64 code per (a, b, step) finds the same duplicates as the
+    # five columns (a hash of one column: ~6x faster on 21.5M link-steps)
+    step = out.step.to_numpy(dtype=np.int64)
+    a64, b64 = a.astype(np.int64), b.astype(np.int64)
+    span = int(step.max() - step.min()) + 1
+    code = (a64 * (int(b64.max()) + 1) + b64) * span + (step - step.min())
+    return out[~pd.Series(code).duplicated().to_numpy()]
+
+
+def group_boundaries(findings: list[Finding], topology: pd.DataFrame, max_links: int) -> list[Finding]:
+    """p2p link findings: more than `max_links` on one pipeline boundary become one finding (one shared
+    cause: their switch, or the schedule's waiting), listing every link in its evidence."""
+    pp = dict(zip(topology["rank"].astype(int), topology["pp"].astype(int)))
+    by_boundary: dict[tuple[int, int], list[Finding]] = {}
+    out = []
+    for f in findings:
+        if f.evidence.get("group", "pp") == "pp" and len(f.ranks) == 2:
+            stages = sorted(pp.get(r, -1) for r in f.ranks)
+            by_boundary.setdefault((stages[0], stages[1]), []).append(f)
+        else:
+            out.append(f)
+    for (lo, hi), group in by_boundary.items():
+        if len(group) <= max_links:
+            out.extend(group)
+            continue
+        total = int(((topology.pp == lo) | (topology.pp == hi)).sum()) // (2 if lo != hi else 1)
+        out.append(_grouped(group, lo, hi, total, topology))
+    return out
+
+
+def _grouped(group: list[Finding], lo: int, hi: int, total: int, topology: pd.DataFrame) -> Finding:
+    """One finding for the links of a boundary flagged together."""
+    ranks = sorted({r for f in group for r in f.ranks})
+    hosts = hosts_of(topology, ranks)
+    kind: Kind = "network_flap" if any(f.kind == "network_flap" for f in group) else "slow_link"
+    extra_ms = float(np.median([f.evidence.get("extra_ms", 0.0) for f in group]))
+    severity = float(np.median([f.severity for f in group]))
+    steps = (min(f.steps[0] for f in group), max(f.steps[1] for f in group))
+    share = f"all {total}" if len(group) >= total else f"{len(group)} of the {total}"
+    where = ", ".join(hosts[:3]) + ("" if len(hosts) <= 3 else f" (+{len(hosts) - 3} hosts)")
+    summary = (f"{share} links between stages {lo} and {hi} ({where}) were slow alike on steps {steps[0]}-"
+               f"{steps[1]} (+{extra_ms:.1f} ms per transfer, median): one shared cause, not {len(group)} "
+               "separate link faults; check the switch or spine these links share, and whether the "
+               "pipeline schedule makes these transfers wait (batched send/recv ops).")
+    evidence = {"group": "pp", "boundary": [lo, hi], "links": [sorted(f.ranks) for f in group],
+                "link_count": len(group), "links_in_boundary": total, "extra_ms": round(extra_ms, 3),
+                "shared_cause": True, "cause": group[0].evidence.get("cause", "flapping_comm"),
+                "signal": group[0].evidence.get("signal", "transfer")}
+    return Finding(kind, ranks, hosts, steps, severity, summary, evidence)
+
+
+def _dedupe_links(findings: list[Finding]) -> list[Finding]:
+    """One finding per link: a stall and a transfer finding on the same pair are the same problem."""
+    best: dict[tuple[int, ...], Finding] = {}
+    for f in findings:
+        key = tuple(sorted(f.ranks))
+        if key not in best or f.severity > best[key].severity:
+            best[key] = f
+    return list(best.values())

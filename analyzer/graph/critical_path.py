@@ -1,0 +1,57 @@
+"""The cross-rank critical path of a step, by last-arrival backtracking on the step graph.
+
+Start from the event that ends last. At a receive that waited for its sender, jump to the send (and
+on to the compute that produced it), at a blocking send that waited for its receiver, to the receive;
+at a collective, jump to the member that arrived last;
+otherwise step back in program order. The chain is what bounded the step: shorten any of it and
+the step gets shorter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from megascope.analyzer.graph.step_graph import StepGraph
+
+
+def critical_path(g: StepGraph) -> pd.DataFrame:
+    ev = g.events
+    cols = ["event_id", "rank", "step", "name", "kind", "microbatch", "chunk", "issue_ns", "start_ns", "end_ns"]
+    if ev.empty:
+        return pd.DataFrame(columns=cols + ["duration_s", "via"])
+    issue = ev.issue_ns.to_numpy()
+    recv_of = np.full(len(ev), -1, dtype=np.int64)  # a send that waited for its receiver (synchronous
+    recv_of[g.send_of[g.send_of >= 0]] = np.flatnonzero(g.send_of >= 0)  # sends): jump to the recv
+    at = int(np.argmax(ev.end_ns.to_numpy()))
+    path, via = [at], ["end"]
+    seen = {at}
+    while True:
+        send, last = g.send_of[at], g.last_arrival[at]
+        if send >= 0 and issue[send] > issue[at]:
+            nxt, how = int(send), "p2p"
+        elif g.blocking[at] and recv_of[at] >= 0 and issue[recv_of[at]] > issue[at]:
+            nxt, how = int(recv_of[at]), "p2p"
+        elif last >= 0 and last != at and issue[last] > issue[at]:
+            nxt, how = int(last), "collective"
+        else:
+            nxt, how = int(g.prev[at]), "program_order"
+        if nxt < 0 or nxt in seen:
+            break
+        seen.add(nxt)
+        via[-1] = how          # how the later event depended on this one
+        path.append(nxt)
+        via.append("start")
+        at = nxt
+    out = ev.iloc[path[::-1]][cols].reset_index(drop=True)
+    out["duration_s"] = (out.end_ns - out.start_ns) / 1e9
+    out["via"] = via[::-1]
+    return out
+
+
+def rank_share(path: pd.DataFrame) -> pd.DataFrame:
+    """Time on the critical path per rank (who bounded the step)."""
+    if path.empty:
+        return pd.DataFrame(columns=["rank", "path_s"])
+    return (path.groupby("rank").duration_s.sum().rename("path_s").reset_index()
+            .sort_values("path_s", ascending=False, ignore_index=True))

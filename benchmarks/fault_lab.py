@@ -1,0 +1,326 @@
+"""The fault lab, the analyzer's accuracy suite of record: real `megascope train` jobs (tiny preset, CPU,
+gloo) with faults made from OUTSIDE the job's code (tests/outside_faults.py: SIGSTOP duty cycles, a
+cgroup v1 CPU quota, a CPU hog pinned beside a rank; tests/netns.py: two "hosts" as network
+namespaces joined through a bridge, a `tc tbf` rate limit on one host's link in episodes), then
+`analyze`, scored against the ground truth the lab itself knows (which rank or link, from which wall
+clock time, mapped to steps).
+
+    python benchmarks/fault_lab.py [--cases all|tuned|held-out|NAME,...] [--steps 400] [--json FILE]
+
+Prints one row per case: the fault, the expected verdict (a culprit rank, the host pair's link, or none),
+the verdict found (every rank blamed as straggler / late_launch, every link or host pair blamed as
+network_flap / slow_link), the time the fault really cost (the steps after its onset against the run's
+own median before it) beside the cost the finding states, the onset error, pass or fail; the tuned and
+the held-out parts are scored apart.
+
+Tuning discipline (decided before any detector was changed for it, issue 31): the TUNED cases are the
+ones a detector change may be looked at against (clean-a, stop-r1, tbf-pp). The HELD-OUT cases (clean-b,
+stop-r2 with another rank, period and duty; quota-r3, a cgroup CPU quota; hog-r0, a CPU hog; tbf-dp, the
+throttled link under data-parallel collectives instead of pipeline transfers) are run only to score the
+result: no threshold may be chosen by looking at them, and a change that fixes a held-out case alone is
+not made. Their rates, ranks and layouts differ from the tuned ones on purpose.
+
+A pass: a rank fault names exactly its rank as the culprit and no link; a link fault names a link or
+host pair between the two hosts and no rank; a clean run blames nothing (stage or workload imbalance
+findings are reported, not counted: the tiny model's stages really differ). Takes ~1 minute a case on
+the 2-core dev box; cases that cannot be made here (no root, no cgroup v1, no netns) are skipped with why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from megascope.analyzer import Run  # noqa: E402
+from tests import netns, outside_faults  # noqa: E402
+
+CULPRIT_KINDS = ("straggler", "late_launch", "hang")
+LINK_KINDS = ("network_flap", "slow_link")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    held_out: bool
+    fault: str
+    """none | stop | quota | hog | tbf"""
+    layout: tuple[str, ...]
+    """--dp/--pp/--tp flags"""
+    rank: int | None = None
+    """the rank a rank fault acts on"""
+    params: dict = field(default_factory=dict)
+    nodes: int = 1
+    seed: int = 1234
+
+    @property
+    def expected(self) -> str:
+        if self.fault == "none":
+            return "none"
+        return "link node0-node1" if self.fault == "tbf" else f"rank {self.rank}"
+
+
+DP2PP2 = ("--dp", "2", "--pp", "2")
+CASES = [
+    Case("clean-a", False, "none", DP2PP2),
+    Case("stop-r1", False, "stop", DP2PP2, 1, {"stop_ms": 30, "period_ms": 100}),
+    Case("tbf-pp", False, "tbf", DP2PP2, None, {"rate": "8mbit", "on_s": 2.0, "off_s": 6.0}, nodes=2),
+    Case("clean-b", True, "none", DP2PP2, seed=77),
+    Case("stop-r2", True, "stop", DP2PP2, 2, {"stop_ms": 20, "period_ms": 70}),
+    Case("quota-r3", True, "quota", DP2PP2, 3, {"share": 0.3}),
+    Case("hog-r0", True, "hog", DP2PP2, 0, {"cpu": 1}),
+    Case("tbf-dp", True, "tbf", ("--dp", "2", "--tp", "2"), None,
+         {"rate": "8mbit", "on_s": 2.0, "off_s": 6.0}, nodes=2),
+]
+
+
+def unavailable(case: Case) -> str | None:
+    if case.fault == "tbf":
+        return netns.unavailable()
+    return outside_faults.unavailable(case.fault) if case.fault in ("quota", "hog") else None
+
+
+def train_cmd(case: Case, run_dir: Path, steps: int) -> list[str]:
+    return [sys.executable, "-m", "megascope", "train", "--preset", "tiny", *case.layout, "--steps", str(steps),
+            "--seed", str(case.seed), "--run-dir", str(run_dir)]
+
+
+def _health(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "health.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _rank_fault(case: Case, pid: int) -> AbstractContextManager:
+    p = case.params
+    if case.fault == "stop":
+        return outside_faults.StopDutyCycle(pid, p["stop_ms"], p["period_ms"])
+    if case.fault == "quota":
+        return outside_faults.CpuQuota(pid, p["share"])
+    return outside_faults.CpuHog(pid, p["cpu"])
+
+
+def run_one_host(case: Case, run_dir: Path, steps: int, onset: float) -> list[tuple[float, float]]:
+    """Train; from step onset x steps on, hold the rank fault until the job ends. Returns the fault's
+    wall-clock windows [(start, end)] (none for a clean run)."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    log = open(run_dir.parent / f"{case.name}.log", "w+b")  # a pipe nobody reads would fill and stall the job
+    proc = subprocess.Popen(train_cmd(case, run_dir, steps), stdout=subprocess.DEVNULL, stderr=log)
+    windows: list[tuple[float, float]] = []
+    try:
+        while proc.poll() is None and case.fault != "none":
+            beat = _health(run_dir).get("ranks", {}).get(str(case.rank)) or {}
+            if int(beat.get("step") or 0) >= onset * steps and beat.get("pid"):
+                t0 = time.time()
+                with _rank_fault(case, int(beat["pid"])):
+                    proc.wait()
+                windows.append((t0, time.time()))
+                break
+            time.sleep(0.05)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.seek(0)
+        err = log.read()[-400:].decode(errors="replace")
+        log.close()
+    if proc.returncode:
+        raise RuntimeError(f"{case.name}: megascope train exited {proc.returncode}: {err}")
+    return windows
+
+
+def run_two_hosts(case: Case, run_dir: Path, steps: int, onset: float) -> list[tuple[float, float]]:
+    """Node 0 and node 1 as network namespaces, one `megascope train --nnodes 2` each; from step
+    onset x steps on, node 1's link is rate-limited for on_s of every on_s + off_s."""
+    p = case.params
+    windows: list[tuple[float, float]] = []
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    logs: list = []  # stderr to files: a pipe nobody reads while the job runs would fill and stall it
+    with netns.Cluster(2) as cluster:
+        procs = []
+        for i, host in enumerate(cluster.hosts):
+            cmd = train_cmd(case, run_dir, steps) + ["--nnodes", "2", "--node-rank", str(i), "--nproc-per-node", "2",
+                                                      "--rdzv-endpoint", f"{cluster.hosts[0].address}:29511",
+                                                      "--rdzv-id", f"lab-{case.name}"]  # one id for both nodes
+            logs.append(open(run_dir.parent / f"{case.name}-node{i}.log", "w+b"))
+            procs.append(host.popen(cmd, env=host.env(), stdout=subprocess.DEVNULL, stderr=logs[-1]))
+        link = cluster.hosts[1]
+        try:
+            while all(pr.poll() is None for pr in procs):
+                step = min((int(b.get("step") or 0) for b in _health(run_dir).get("ranks", {}).values()), default=0)
+                if step >= onset * steps:
+                    t0 = time.time()
+                    link.limit(p["rate"])
+                    _wait_any(procs, p["on_s"])
+                    link.unlimit()
+                    windows.append((t0, time.time()))
+                    _wait_any(procs, p["off_s"])
+                else:
+                    time.sleep(0.1)
+            for pr in procs:
+                pr.wait(timeout=600)
+        finally:
+            link.unlimit()
+            for pr in procs:
+                if pr.poll() is None:
+                    pr.kill()
+                    pr.wait()
+        errs = []
+        for f in logs:
+            f.seek(0)
+            errs.append(f.read()[-400:].decode(errors="replace"))
+            f.close()
+        bad = [(i, pr.returncode, e) for i, (pr, e) in enumerate(zip(procs, errs)) if pr.returncode]
+        if bad:
+            i, rc, err = bad[0]
+            raise RuntimeError(f"{case.name}: node {i} exited {rc}: {err}")
+    return windows
+
+
+def _wait_any(procs: list[subprocess.Popen], seconds: float) -> None:
+    deadline = time.time() + seconds
+    while time.time() < deadline and all(pr.poll() is None for pr in procs):
+        time.sleep(0.05)
+
+
+@dataclass
+class Score:
+    case: str
+    held_out: bool
+    expected: str
+    found: str
+    passed: bool
+    true_cost_s: float | None = None
+    """seconds the faulty steps took beyond the run's median step before the onset"""
+    stated_cost_s: float | None = None
+    """seconds the matching finding(s) say the fault cost (evidence cost_s), None when not stated"""
+    onset_error: int | None = None
+    """steps between the first faulty step and the matching finding's first step"""
+    fault_steps: tuple[int, int] | None = None
+    other: list[str] = field(default_factory=list)
+
+
+def score(case: Case, run_dir: Path, windows: list[tuple[float, float]]) -> Score:
+    run = Run.open(run_dir)
+    rs = run.rank_steps()
+    step_time = rs.groupby("step").step_time_s.median()
+    start = rs.groupby("step").start_ns.min() / 1e9
+    faulty = sorted({int(s) for s, t in start.items() for a, b in windows if a <= t <= b})
+    findings = run.findings()
+    blamed = {r: f for f in findings if f.kind in CULPRIT_KINDS for r in f.ranks}
+    links = [f for f in findings if f.kind in LINK_KINDS]
+    found = [f"rank {r} ({f.kind})" for r, f in sorted(blamed.items())]
+    found += [f"link {'-'.join(sorted(f.hosts))} ({f.kind})" for f in links]
+    other = [f"{f.kind} {f.ranks[:4]}" for f in findings if f.kind not in CULPRIT_KINDS + LINK_KINDS]
+    if case.fault == "none":
+        match, ok = [], not blamed and not links
+    elif case.fault == "tbf":
+        match = [f for f in links if set(f.hosts) == {"node0", "node1"}]
+        ok = bool(match) and not blamed
+    else:
+        match = [blamed[case.rank]] if case.rank in blamed else []
+        ok = set(blamed) == {case.rank} and not links
+    out = Score(case.name, case.held_out, case.expected, "; ".join(found) or "none", ok, other=other)
+    if faulty:
+        base = float(step_time[step_time.index < faulty[0]].median())
+        out.true_cost_s = round(float((step_time.loc[faulty[0]:faulty[-1]] - base).clip(lower=0).sum()), 2)
+        out.fault_steps = (faulty[0], faulty[-1])
+        if match:
+            out.onset_error = int(min(f.steps[0] for f in match)) - faulty[0]
+            stated = [f.evidence.get("cost_s") for f in match]
+            out.stated_cost_s = round(sum(stated), 2) if all(c is not None for c in stated) else None
+    return out
+
+
+def run_case(case: Case, steps: int, onset: float, keep: Path | None) -> Score:
+    with tempfile.TemporaryDirectory(prefix=f"lab-{case.name}-") as tmp:
+        run_dir = (keep / case.name) if keep else Path(tmp) / "run"
+        runner: Callable = run_two_hosts if case.nodes > 1 else run_one_host
+        windows = runner(case, run_dir, steps, onset)
+        (run_dir / "lab_windows.json").write_text(json.dumps(windows))
+        return score(case, run_dir, windows)
+
+
+def rescore(case: Case, kept: Path) -> Score:
+    """Score a run kept by an earlier --keep again (the analyzer changed, the job did not)."""
+    run_dir = kept / case.name
+    return score(case, run_dir, [tuple(w) for w in json.loads((run_dir / "lab_windows.json").read_text())])
+
+
+def _fmt(x: object) -> str:
+    return "-" if x is None else str(x)
+
+
+def print_table(scores: list[Score]) -> None:
+    head = f"{'case':<9} {'part':<8} {'expected':<17} {'found':<44} {'cost s':>7} {'stated':>7} {'onset±':>6}  result"
+    parts = (("tuned", [s for s in scores if not s.held_out]), ("held-out", [s for s in scores if s.held_out]))
+    for part, rows in parts:
+        if not rows:
+            continue
+        print(head)
+        for s in rows:
+            print(f"{s.case:<9} {part:<8} {s.expected:<17} {s.found[:44]:<44} {_fmt(s.true_cost_s):>7} "
+                  f"{_fmt(s.stated_cost_s):>7} {_fmt(s.onset_error):>6}  {'pass' if s.passed else 'FAIL'}"
+                  + (f"  (also: {', '.join(s.other)})" if s.other else ""))
+        print(f"{part}: {sum(s.passed for s in rows)}/{len(rows)} pass\n")
+
+
+def select(spec: str) -> list[Case]:
+    if spec == "all":
+        return CASES
+    if spec in ("tuned", "held-out"):
+        return [c for c in CASES if c.held_out == (spec == "held-out")]
+    names = spec.split(",")
+    unknown = [n for n in names if n not in {c.name for c in CASES}]
+    if unknown:
+        raise SystemExit(f"fault_lab: unknown case(s) {unknown}; the cases are {[c.name for c in CASES]}")
+    return [c for c in CASES if c.name in names]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--cases", default="all", help="all | tuned | held-out | comma-separated case names")
+    ap.add_argument("--steps", type=int, default=400, help="optimizer steps per job")
+    ap.add_argument("--onset", type=float, default=0.4, help="share of the run before a fault begins")
+    ap.add_argument("--keep", type=Path, help="keep each run directory under this folder")
+    ap.add_argument("--json", type=Path, help="also write the scores here")
+    ap.add_argument("--rescore", type=Path, help="analyze the runs an earlier --keep left in this folder again "
+                    "instead of training")
+    args = ap.parse_args()
+    scores = []
+    for case in select(args.cases):
+        why = unavailable(case)
+        if why:
+            print(f"{case.name}: skipped ({why})", flush=True)
+            continue
+        t0 = time.time()
+        try:
+            s = (rescore(case, args.rescore) if args.rescore
+                 else run_case(case, args.steps, args.onset, args.keep))
+        except (RuntimeError, subprocess.TimeoutExpired, OSError) as e:
+            print(f"{case.name}: could not run ({e})", flush=True)
+            continue
+        print(f"{case.name}: {s.found} ({'pass' if s.passed else 'FAIL'}, {time.time() - t0:.0f} s)", flush=True)
+        scores.append(s)
+    print()
+    print_table(scores)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(s) for s in scores], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -16,8 +16,8 @@ from megascope.analyzer.views.self_check_records import self_check_ranks
 from megascope.dashboard import ids
 from megascope.dashboard.widgets import data_table
 
-FAILURE_KINDS = ("dead_rank", "silent_rank", "stall")
-"""Incident kinds that name the ranks at fault (the supervisor's detections)."""
+FAILURE_KINDS = ("dead_rank", "silent_rank", "stall", "node_lost")
+"""Incident kinds that name the ranks at fault (the supervisor's detections, a lost node's ranks)."""
 
 
 def incidents_panel(run: Run) -> html.Div:

@@ -83,14 +83,28 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                        help="options for the watcher (implies --watch), split like a shell line, e.g. "
                             "--watch-args='--webhook http://127.0.0.1:9000/hook --metrics-port 9464' "
                             "(write it with '=' when ARGS start with '-'); see `megascope watch --help`")
-    launch = p.add_argument_group("launch (torch.distributed elastic)")
+    launch = p.add_argument_group(
+        "launch (torch.distributed elastic; several hosts: README, \"Several hosts\")",
+        "On several nodes run the same command on each, with the same --run-dir and --rdzv-endpoint and "
+        "its own --node-rank; node 0 runs on the --rdzv-endpoint host and also hosts the control store "
+        "on the rendezvous port + 1.")
     launch.add_argument("--nnodes", type=int, default=1, help="number of nodes (default: 1)")
-    launch.add_argument("--node-rank", type=int, default=0, help="this node's index, static rendezvous (default: 0)")
+    launch.add_argument("--node-rank", type=int, default=0,
+                        help="this node's index 0..nnodes-1, with either rendezvous backend; node 0 must run "
+                             "on the --rdzv-endpoint host (default: 0)")
     launch.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default: world/nnodes)")
-    launch.add_argument("--rdzv-backend", default="c10d", help="rendezvous backend (default: c10d)")
-    launch.add_argument("--rdzv-endpoint", default="", help="host:port of the rendezvous (required with --nnodes > 1)")
-    launch.add_argument("--rdzv-id", default="", help="job id shared by all nodes (default: the run directory name)")
-
+    launch.add_argument("--rdzv-backend", default="c10d", choices=["c10d", "static"],
+                        help="rendezvous backend: c10d lets a lost node be replaced by starting it again, "
+                             "static fixes the nodes (default: c10d)")
+    launch.add_argument("--rdzv-endpoint", default="", metavar="HOST:PORT",
+                        help="node 0's address and a free port, the same on every node (required with "
+                             "--nnodes > 1; PORT + 1 must be free too, for the control store)")
+    launch.add_argument("--rdzv-id", default="", metavar="ID",
+                        help="job id shared by all nodes (default: megascope-NAME, NAME the last part of "
+                             "--run-dir: the same on every node that passes the same --run-dir)")
+    launch.add_argument("--rdzv-timeout", type=float, default=300, metavar="SECONDS",
+                        help="how long a node waits for the others, at the start and after a node is lost, "
+                             "before it stops with one line naming the nodes that did not arrive (default: 300)")
 
 _BOOL_FIELDS = {"parallel_block", "zero", "sequence_parallel", "scatter_gather", "enabled"}
 

@@ -16,8 +16,8 @@ import signal
 import socket
 import sys
 import time
-import uuid
 from pathlib import Path
+from typing import Callable
 
 from megascope.tracer.run_dir import run_entries
 from megascope.trainer.config import JobConfig
@@ -29,7 +29,11 @@ from megascope.trainer.robust.checkpoint import (
     latest_complete_at,
 )
 from megascope.trainer.robust.heartbeat import heartbeat_dir, read_heartbeats
+from megascope.trainer.robust.node_loss import node_lost_incident
 from megascope.trainer.robust.preflight import check_data, check_device, check_run_dir
+from megascope.trainer.robust.roll_call import KIND as ROLL_CALL
+from megascope.trainer.robust.roll_call import RollCall, rendezvous_id
+from megascope.trainer.robust.stop_guard import StopGuard
 from megascope.trainer.robust.supervisor import ControlPlaneHost, Supervisor, append_incident, process_alive
 from megascope.trainer.watch_child import WatchChild
 
@@ -60,18 +64,32 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
               f"{cfg.world_size}; change the layout or the launch flags", file=sys.stderr)
         return 2
     if nnodes > 1 and not args.rdzv_endpoint:
-        print("megascope train: --nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node)",
+        print("megascope train: --nnodes > 1 needs --rdzv-endpoint HOST:PORT (the same on every node: "
+              "node 0's address and a free port)", file=sys.stderr)
+        return 2
+    if nnodes > 1 and not cfg.run_dir:
+        print(f"megascope train: --nnodes {nnodes} needs --run-dir RUN, the same on every node (a shared folder "
+              "or an s3:// URL): every node writes there, and the nodes meet under an id derived from it",
+              file=sys.stderr)
+        return 2
+    if not args.rdzv_timeout > 0:
+        print(f"megascope train: --rdzv-timeout {args.rdzv_timeout:g} must be > 0 seconds", file=sys.stderr)
+        return 2
+    if not 0 <= args.node_rank < nnodes:
+        print(f"megascope train: --node-rank {args.node_rank} is outside 0..{nnodes - 1} (--nnodes {nnodes})",
               file=sys.stderr)
         return 2
     if args.resume and not cfg.run_dir:
         print("megascope train: --resume needs --run-dir RUN, the run to continue", file=sys.stderr)
         return 2
     cfg.run_dir = cfg.run_dir or default_run_dir()
-    url, problem = use_url_run_dir(cfg, args.resume)  # s3://...: trace to the store, the rest to local scratch
+    rdzv_id = rendezvous_id(args.rdzv_id, cfg.run_dir)  # from the run directory as given, before a URL's scratch
+    joining = args.node_rank > 0  # node 0 checks the run directory for the job; the roll call checks the nodes
+    url, problem = use_url_run_dir(cfg, args.resume, joining)  # s3://...: trace to the store, the rest to local scratch
     if problem:
         print(f"megascope train: {problem}", file=sys.stderr)
         return 2
-    problem = (check_run_dir(cfg.run_dir, args.resume)
+    problem = (check_run_dir(cfg.run_dir, args.resume, joining)
                or check_device(cfg.train.device, nproc, share_gpus=cfg.train.backend == "gloo")
                or check_data(cfg.data.path, cfg.model.seq_len) or check_resume(cfg, args.resume))
     if problem:
@@ -84,36 +102,99 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     warn_stall_timeout(cfg)
-    if args.resume:
+    if args.resume and not joining:
         start_resumed_launch(cfg)
     max_restarts = cfg.robust.max_restarts
     endpoint = args.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
     launch_cfg = LaunchConfig(
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc,
-        run_id=args.rdzv_id or f"megascope-{Path(cfg.run_dir).name}-{uuid.uuid4().hex[:6]}",
-        rdzv_backend=args.rdzv_backend, rdzv_endpoint=endpoint,
-        rdzv_configs={"rank": args.node_rank} if args.rdzv_backend == "static" else {},
+        run_id=rdzv_id, rdzv_backend=args.rdzv_backend, rdzv_endpoint=endpoint,
+        rdzv_configs=rdzv_configs(args.rdzv_backend, args.node_rank, args.rdzv_timeout),
         max_restarts=max_restarts, monitor_interval=0.2, start_method="spawn",
     )
     # Each rank gets an even share of this node's cores (2 cores, 8 ranks -> 1 thread each).
     threads = max(1, (os.cpu_count() or 1) // nproc)
     print(f"[megascope] launching {cfg.world_size} ranks (dp={cfg.parallel.dp} tp={cfg.parallel.tp} "
-          f"pp={cfg.parallel.pp} vpp={cfg.parallel.vpp}) -> {url or cfg.run_dir}; recovery: {recovery_text(cfg)}",
+          f"pp={cfg.parallel.pp} vpp={cfg.parallel.vpp}) -> {url or cfg.run_dir}{node_text(args, rdzv_id, endpoint)}; "
+          f"recovery: {recovery_text(cfg)}",
           flush=True)
+    if nnodes > 1:
+        # Each rendezvous round gets a fresh store that the round's rank 0 hosts (env:// in the workers).
+        # torch 2.13's shared agent store (the default) never republishes MASTER_ADDR for a later round
+        # when its rank 0 is a node that survived: a node started again after a node loss waited for it
+        # 60 s and both sides failed (measured in namespaces, tests/test_multinode.py).
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    guard = StopGuard().install()  # a stop signal ends this process within seconds, blocked or not
+    code = run_job(cfg, args, url, endpoint, rdzv_id,
+                   lambda: elastic_launch(launch_cfg, worker_main)(cfg.to_dict(), threads))
+    guard.close()
+    if guard.signum is not None:  # stopped: the job's cleanup is done; leave no thread or child behind
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
+
+
+def run_job(cfg: JobConfig, args: argparse.Namespace, url: str | None, endpoint: str, rdzv_id: str,
+            run_ranks: Callable[[], object]) -> int:
+    """The driver's side of the job around the elastic agent: watcher, control store, roll call of the
+    nodes, supervisor; every one of them closed however the agent ends."""
+    nnodes = args.nnodes
     watcher = start_watcher(url or cfg.run_dir, getattr(args, "watch_argv", None), args.node_rank)
     control = ControlPlaneHost(nnodes, args.node_rank, endpoint)  # heartbeats and hang records, no shared FS
-    supervisor = Supervisor(cfg.run_dir, cfg.robust, cfg.world_size, max_restarts, store=control.client).start()
-    code = 1
+    code = 2
+    supervisor: Supervisor | None = None
     try:
-        code = run_agent(cfg, supervisor, lambda: elastic_launch(launch_cfg, worker_main)(cfg.to_dict(), threads))
+        problem = roll_call(control, nnodes, args.node_rank, rdzv_id, args.rdzv_timeout) if nnodes > 1 else None
+        if problem:
+            print(f"megascope train: {problem}", file=sys.stderr)
+            return code
+        supervisor = Supervisor(cfg.run_dir, cfg.robust, cfg.world_size, cfg.robust.max_restarts,
+                                store=control.client, leader=args.node_rank == 0).start()
+        lost = lambda: lost_node_line(cfg, supervisor, control, args.rdzv_timeout)  # noqa: E731
+        code = run_agent(cfg, supervisor, run_ranks, lost)
     finally:
-        supervisor.stop()
+        if supervisor is not None:
+            supervisor.stop(persist=args.node_rank == 0)
         control.close()
-        if url and args.node_rank == 0:  # node 0's supervisor holds the job's view (one writer per object)
+        if url and args.node_rank == 0 and supervisor is not None:  # node 0's supervisor holds the job's view
             upload_leftovers(cfg.run_dir, url)
         if watcher is not None:  # after the ranks: the watcher's final verdict needs their last flush
             watcher.stop(job_finished=code == 0)
     return code
+
+
+def lost_node_line(cfg: JobConfig, supervisor: Supervisor, control: ControlPlaneHost, timeout_s: float) -> str:
+    """After the rendezvous timed out waiting for a lost node: the node_lost incident, and its line."""
+    nodes = (control.client.get_all(ROLL_CALL) if control.client is not None else None) or {}
+    info = latest_complete_at(checkpoint_home(cfg))
+    incident, line = node_lost_incident(supervisor.beats, nodes, socket.gethostname(), timeout_s,
+                                        info.step if info is not None else None)
+    append_incident(cfg.run_dir, incident)
+    return line
+
+
+def rdzv_configs(backend: str, node_rank: int, timeout_s: float) -> dict[str, object]:
+    """torch's rendezvous settings: static needs this node's rank; both wait at most --rdzv-timeout
+    (c10d: for the nodes at the first rendezvous and again after a node is lost)."""
+    if backend == "static":
+        return {"rank": node_rank, "timeout": int(timeout_s)}
+    return {"join_timeout": int(timeout_s)} if backend == "c10d" else {}
+
+
+def node_text(args: argparse.Namespace, rdzv_id: str, endpoint: str) -> str:
+    """The startup line's account of a multi-node launch, to compare across nodes."""
+    if args.nnodes == 1:
+        return ""
+    return (f"; node {args.node_rank} of {args.nnodes} ({socket.gethostname()}), {args.rdzv_backend} rendezvous "
+            f"'{rdzv_id}' at {endpoint}")
+
+
+def roll_call(control: ControlPlaneHost, nnodes: int, node_rank: int, rdzv_id: str, timeout_s: float) -> str | None:
+    """Wait for every node at the control store (trainer/robust/roll_call.py); one line when one is missing."""
+    if control.client is None:
+        return None  # no store (said by ControlPlaneHost): torch's rendezvous alone
+    return RollCall(control.client, nnodes, node_rank, rdzv_id, timeout_s).run(lambda line: print(line, flush=True))
 
 
 def start_watcher(run_dir: str, watch_argv: list[str] | None, node_rank: int) -> WatchChild | None:
@@ -126,14 +207,27 @@ def start_watcher(run_dir: str, watch_argv: list[str] | None, node_rank: int) ->
     return child
 
 
-def run_agent(cfg: JobConfig, supervisor: Supervisor, run_ranks) -> int:
-    """Run the elastic agent (`run_ranks`); the job's exit code, its failure recorded as an incident."""
+def run_agent(cfg: JobConfig, supervisor: Supervisor, run_ranks: Callable[[], object],
+              lost_node: Callable[[], str] | None = None) -> int:
+    """Run the elastic agent (`run_ranks`); the job's exit code, its failure recorded as an incident.
+    `lost_node`: the line (and incident) for a rendezvous that timed out waiting for a lost node."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
 
     max_restarts = cfg.robust.max_restarts
     try:
         run_ranks()
+    except RendezvousTimeoutError:
+        line = lost_node() if lost_node is not None else "the rendezvous timed out"
+        print(f"megascope train: {line}", file=sys.stderr)
+        return 1
+    except RendezvousError as exc:
+        append_incident(cfg.run_dir, {"kind": "rendezvous_failed", "ranks": [], "detail": repr(exc)})
+        print(f"megascope train: the rendezvous failed ({type(exc).__name__}: {exc or 'no detail'}); node 0, "
+              "which hosts it, may be gone: to continue, run the same command with --resume on every node",
+              file=sys.stderr)
+        return 1
     except ChildFailedError as exc:
         failed_rank, first = next(iter(exc.failures.items()))
         append_incident(cfg.run_dir, {"kind": "job_failed", "ranks": [failed_rank],

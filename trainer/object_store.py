@@ -24,16 +24,18 @@ UPLOADED_AT_END = ("health.json", "incidents.jsonl", "inflight", "self_check")
 """Scratch entries copied to the store when the job ends (the analyzer and dashboard read them)."""
 
 
-def use_url_run_dir(cfg: JobConfig, resume: bool) -> tuple[str | None, str | None]:
+def use_url_run_dir(cfg: JobConfig, resume: bool, joining: bool = False) -> tuple[str | None, str | None]:
     """When cfg.run_dir is a URL: check the store, point cfg.run_dir at the scratch folder and set the
-    redirect for this process and the ranks it starts. Returns (the URL or None, a problem or None)."""
+    redirect for this process and the ranks it starts. Returns (the URL or None, a problem or None).
+    `joining`: a node other than node 0 of a multi-node job, which finds the job's data there (node 0
+    checked the URL for the job; preflight.check_run_dir)."""
     url = cfg.run_dir
     if not is_url(url):
         return None, None
     scratch = local_folder_for(url, "scratch")
     try:
         locate(url).check_reachable()
-        held = run_entries(url)
+        held = [] if joining else run_entries(url)
     except StorageError as exc:
         return url, str(exc)
     if held and not resume:
@@ -42,7 +44,7 @@ def use_url_run_dir(cfg: JobConfig, resume: bool) -> tuple[str | None, str | Non
     if held and not (scratch / MANIFEST).is_file():
         return url, (f"--resume: the checkpoints of an object-store run are in its local scratch folder {scratch}, "
                      "which this machine does not have; pass a new --run-dir")
-    if not held and scratch.exists():  # a former run's leftovers: its URL holds no run any more
+    if not held and not joining and scratch.exists():  # a former run's leftovers: its URL holds no run any more
         shutil.rmtree(scratch, ignore_errors=True)
     cfg.run_dir = str(scratch)
     os.environ.update(redirect_env(url, scratch))

@@ -49,6 +49,8 @@ def worker_main(cfg_dict: dict[str, Any], threads: int) -> None:
         device = pick_device(cfg.train.device, local_rank, share_gpus=cfg.train.backend == "gloo")
         check_backend(cfg, device.type)  # `auto` resolved only now
         init_process_group(device, backend_for(cfg, device.type), rank, restart)
+        restart = agreed_restart(restart, device)
+        heartbeat.update(restart=restart)
         dims = ParallelDims(cfg.parallel.dp, cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp)
         t0 = time.perf_counter()
         dims.build_groups()
@@ -74,6 +76,16 @@ def init_process_group(device: torch.device, backend: str, rank: int, restart: i
                           timeout=timedelta(minutes=10))
     dist.init_process_group(backend, store=dist.PrefixStore(f"megascope/attempt_{restart}", store),
                             rank=rank, world_size=world, device_id=device_id)
+
+
+def agreed_restart(restart: int, device: torch.device) -> int:
+    """The attempt number every rank uses: the largest of the ranks' agents' restart counts. A node
+    started again after its node was lost runs a new agent (its count starts at 0) beside agents that
+    have restarted; the attempt names the run's restart incidents, the heartbeats' attempt and the
+    one-shot faults, so the ranks must agree on it. Collective (one all_reduce of one number)."""
+    value = torch.tensor([restart], dtype=torch.int64, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return int(value.item())
 
 
 def _run(cfg: JobConfig, dims: ParallelDims, device: torch.device, rank: int, local_rank: int, threads: int,

@@ -100,6 +100,9 @@ class Heartbeat:
         self.interval_s = interval_s
         self.fields: dict[str, Any] = {
             "rank": rank, "local_rank": local_rank, "host": socket.gethostname(), "pid": os.getpid(),
+            # the process that started this rank (the driver: the elastic agent spawns its ranks), so a
+            # driver started again on the same host tells the ranks of the previous one from its own
+            "driver_pid": os.getppid(),
             "restart": restart, "step": -1, "status": "starting", "seq": 0}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -107,10 +110,14 @@ class Heartbeat:
         self._thread = threading.Thread(target=self._run, name="megascope-heartbeat", daemon=True)
         self._thread.start()
 
-    def update(self, step: int | None = None, status: str | None = None, beat_now: bool = False) -> None:
+    def update(self, step: int | None = None, status: str | None = None, beat_now: bool = False,
+               restart: int | None = None) -> None:
+        """restart: the attempt the ranks agreed on (worker.agreed_restart), once the group is formed."""
         if status is not None and status not in STATUSES:
             raise ValueError(f"heartbeat status '{status}' unknown; use one of {STATUSES}")
         with self._lock:
+            if restart is not None:
+                self.fields["restart"] = restart
             if step is not None:
                 self.fields["step"] = step
             if status is not None:

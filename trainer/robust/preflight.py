@@ -13,15 +13,18 @@ from pathlib import Path
 from megascope.tracer.run_dir import MANIFEST, run_entries
 
 
-def check_run_dir(run_dir: str, resume: bool) -> str | None:
-    """A new run needs a new or empty directory; --resume needs the run to continue."""
+def check_run_dir(run_dir: str, resume: bool, joining: bool = False) -> str | None:
+    """A new run needs a new or empty directory; --resume needs the run to continue. A node other than
+    node 0 of a multi-node job (`joining`) finds the job's data there when it starts late or replaces a
+    lost node: node 0 has checked the directory for the job, and the roll call (roll_call.py) lets the
+    node in only with the job's rendezvous id."""
     path = Path(run_dir)
     if path.exists() and not path.is_dir():
         return f"--run-dir {run_dir} is a file, not a directory; pass a new directory path (it is created)"
     parent = next((p for p in path.absolute().parents if p.exists()), None)
     if parent is not None and not parent.is_dir():
         return f"--run-dir {run_dir}: {parent} is a file, so the directory cannot be created; pass another path"
-    entries = run_entries(path)
+    entries = [] if joining else run_entries(path)
     if not resume and entries:
         return (f"{run_dir} already holds a run ({', '.join(entries)}); a new run there would mix both runs' "
                 "data: pass a new --run-dir, or --resume to continue this run from its latest checkpoint")

@@ -39,6 +39,7 @@ from megascope.tracer.watchdog import persist_inflight
 from megascope.trainer.config import RobustConfig
 from megascope.trainer.robust.heartbeat import KIND as HEARTBEAT
 from megascope.trainer.robust.heartbeat import read_heartbeat_files
+from megascope.trainer.robust.node_loss import lost_node_record, lost_ranks
 
 INCIDENTS = "incidents.jsonl"
 
@@ -81,7 +82,8 @@ class Supervisor:
     def __init__(self, run_dir: str | Path, robust: RobustConfig, world: int, max_restarts: int,
                  poll_s: float = 0.02, read_every_s: float = 0.2, host: str | None = None,
                  kill: Callable[[int], None] | None = None, alive: Callable[[int], bool] = process_alive,
-                 on_stop_job: Callable[[], None] | None = None, store: ControlStore | None = None) -> None:
+                 on_stop_job: Callable[[], None] | None = None, store: ControlStore | None = None,
+                 leader: bool = True) -> None:
         self.run_dir = Path(run_dir)
         self.store = store
         """Where the beats are read (None: the heartbeat files of the run directory)."""
@@ -94,8 +96,13 @@ class Supervisor:
         before the agent stops the others (it looks every 0.2 s)."""
         self.read_every_s = read_every_s
         self._current: dict[int, dict] | None = None
+        self._current_before: dict[int, dict] | None = None
+        self.leader = leader
+        """Records the job's restarts (and nodes lost before them): node 0's supervisor on several nodes,
+        so that the run directory they share gets each once."""
         self._read_at = 0.0
         self.host = host or socket.gethostname()
+        self.driver_pid = os.getpid()
         self.kill = kill or (lambda pid: os.kill(pid, signal.SIGKILL))
         self.alive = alive
         # SIGTERM to the driver: the elastic agent stops every worker and raises, no restart
@@ -115,11 +122,15 @@ class Supervisor:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, persist: bool = True) -> None:
+        """Stop the thread; with `persist`, copy the store's in-flight records to the run directory one
+        last time (node 0 only on several nodes: its driver hosts the store, which is gone for the others
+        once it has stopped)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(5)
-        self.persist_inflight()
+        if persist:
+            self.persist_inflight()
 
     def persist_inflight(self) -> int:
         """Copy the store's in-flight records into RUN/inflight/ (the hang analysis reads them there)."""
@@ -134,6 +145,11 @@ class Supervisor:
     @property
     def store_failures(self) -> int:
         return self.store.failures if self.store is not None else 0
+
+    @property
+    def beats(self) -> dict[int, dict]:
+        """The latest heartbeats of the current attempt's ranks, as last read (empty before the first)."""
+        return dict(self._current or {})
 
     def _read_beats(self, now: float) -> dict[int, dict] | None:
         """The beats, or None while the store fails (then nothing is judged)."""
@@ -168,6 +184,7 @@ class Supervisor:
             if not beats:
                 return None
             attempt = max(int(b.get("restart", 0)) for b in beats.values())
+            self._current_before = self._current if attempt != self._attempt else None
             self._current = {r: b for r, b in beats.items() if int(b.get("restart", 0)) == attempt}
             if attempt != self._attempt:
                 self._new_attempt(attempt, now)
@@ -195,7 +212,10 @@ class Supervisor:
         return incident
 
     def _new_attempt(self, attempt: int, now: float) -> None:
-        if self._attempt >= 0:
+        if self._attempt >= 0 and self.leader:
+            lost = lost_ranks(self._current_before or {}, self.host)
+            if lost:
+                self._record(lost_node_record(self._current_before or {}, lost, self._attempt))
             self._record({"kind": "restart", "attempt": attempt,
                           "detail": f"the elastic agent started attempt {attempt} of the worker group"})
         self._attempt, self._handled = attempt, False
@@ -211,8 +231,13 @@ class Supervisor:
         if key != self._progress_key:
             self._progress_key, self._progress_at = key, now
 
+    def _local(self, beat: dict) -> bool:
+        """A rank this driver started: on its host and, when the beat says so, a child of this process
+        (the ranks of a driver that ran here before, killed with its node, are not)."""
+        return beat.get("host") == self.host and int(beat.get("driver_pid", self.driver_pid)) == self.driver_pid
+
     def _detect(self, current: dict[int, dict], now: float) -> dict[str, Any] | None:
-        local = {r: b for r, b in current.items() if b.get("host") == self.host}
+        local = {r: b for r, b in current.items() if self._local(b)}
         dead = sorted(r for r, b in local.items()
                       if b.get("status") != "done" and not self.alive(int(b["pid"])))
         if dead:
@@ -272,7 +297,7 @@ class Supervisor:
     def _stop_group(self, current: dict[int, dict]) -> None:
         """Kill this node's workers of the attempt; the agent sees the failure and acts on it."""
         for beat in current.values():
-            if beat.get("host") == self.host and self.alive(int(beat["pid"])):
+            if self._local(beat) and self.alive(int(beat["pid"])):
                 try:
                     self.kill(int(beat["pid"]))
                 except ProcessLookupError:

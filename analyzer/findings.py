@@ -12,6 +12,10 @@ severity), so a hang leads and the culprits come before the links and the imbala
 KINDS: tuple[Kind, ...] = get_args(Kind)
 SEVERITY_ORDER: dict[str, int] = {kind: i for i, kind in enumerate(KINDS)}
 """Kind -> its place in KINDS (the sort key of `Run.findings`)."""
+CULPRIT_KINDS: tuple[Kind, ...] = ("straggler", "late_launch")
+"""Kinds that name the rank the others waited on: they explain the findings of their victims
+(detect/explain.py), carry its collective-arrival evidence (Run.findings) and a per-rank score
+series in the watcher's metrics (watch/metrics.py)."""
 
 MIN_LATENESS_S = 1e-4
 """Seconds: the last member of a collective counts as late (sql/arrivals.sql, `min_lateness_s`) when it

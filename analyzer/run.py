@@ -1,7 +1,8 @@
 """The facade notebooks, the CLI and the dashboard use: `Run.open(path)` and one method per question.
 
 Each analysis lives in its own module; detectors are injectable (`Run.open(path, detectors=[...])`,
-anything with `detect(store) -> list[Finding]`). Derived tables (rank_step, collective_instances,
+anything with `detect(store) -> list[Finding]`); the default ones take their thresholds from
+`settings` (settings.py: `megascope analyze --set`). Derived tables (rank_step, collective_instances,
 late_arrivals) are built once, lazily, in DuckDB.
 """
 
@@ -21,19 +22,28 @@ from megascope.analyzer.detect.flaps import FlapDetector
 from megascope.analyzer.detect.hangs import HangReport, find_hang
 from megascope.analyzer.detect.stragglers import StragglerDetector
 from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
-from megascope.analyzer.findings import SEVERITY_ORDER, Finding
+from megascope.analyzer.findings import CULPRIT_KINDS, SEVERITY_ORDER, Finding
 from megascope.analyzer.graph import critical_path as cp
 from megascope.analyzer.graph.step_graph import build_step_graph, dependency_edges, events_window
 from megascope.analyzer.graph.what_if import what_if
+from megascope.analyzer.settings import AnalyzerSettings, DetectSettings
 from megascope.analyzer.views.heatmap import Heatmap, heatmap
 from megascope.analyzer.views.incidents import read_incidents, recovery_times
 from megascope.analyzer.views.mfu import MfuTimeline, mfu_timeline
 from megascope.analyzer.views.self_check_records import read_self_checks
-from megascope.analyzer.watch.live import FINDINGS_FILE, LiveFinding, read_live_findings
+from megascope.analyzer.watch.live import LiveFinding, read_live_findings
+from megascope.tracer.run_dir import FINDINGS_FILE
 
 
 class Detector(Protocol):
     def detect(self, store: Store) -> list[Finding]: ...
+
+
+def default_detectors(settings: DetectSettings) -> list[Detector]:
+    """Stragglers (and late launches, stage imbalance), flaps and slow links, workload imbalance."""
+    return [StragglerDetector(settings.straggler, settings.warmup_factor),
+            FlapDetector(settings.flap, settings.warmup_factor),
+            WorkloadImbalanceDetector(settings.workload_imbalance, settings.warmup_factor)]
 
 
 Progress = Callable[[str, int, int], None]
@@ -41,11 +51,13 @@ Progress = Callable[[str, int, int], None]
 
 class Run:
     def __init__(self, store: Store, detectors: Sequence[Detector] | None = None,
-                 progress: Progress | None = None, engine: Engine | None = None) -> None:
+                 progress: Progress | None = None, engine: Engine | None = None,
+                 settings: AnalyzerSettings | None = None) -> None:
         self.store = store
         self.engine = engine  # where the event pass's batches run (None: this process, event_pass.LocalEngine)
-        self.detectors: list[Detector] = list(detectors) if detectors is not None else [
-            StragglerDetector(), FlapDetector(), WorkloadImbalanceDetector()]
+        self.settings = settings or AnalyzerSettings()
+        self.detectors: list[Detector] = list(detectors) if detectors is not None else \
+            default_detectors(self.settings.detect)
         self.progress = progress or (lambda label, done, total: None)
         self._built: set[str] = set()
         self._timeline = True
@@ -56,7 +68,8 @@ class Run:
 
     @classmethod
     def open(cls, path: str | Path, detectors: Sequence[Detector] | None = None,
-             progress: Progress | None = None, threads: int | None = None, engine: Engine | None = None) -> "Run":
+             progress: Progress | None = None, threads: int | None = None, engine: Engine | None = None,
+             settings: AnalyzerSettings | None = None) -> "Run":
         """Open a run directory: a local path, or a URL of a run on object storage (s3://bucket/prefix),
         read through a local mirror (remote_run.py; of only the ranks this process reads itself when
         the event pass runs as remote tasks). Raises RunOpenError (missing/foreign dir, unreachable
@@ -64,11 +77,11 @@ class Run:
         (engine_ray.RayEngine: Ray tasks)."""
         from megascope.tracer.storage import is_url
         if not is_url(path):
-            return cls(Store(path, threads=threads), detectors, progress, engine)
+            return cls(Store(path, threads=threads), detectors, progress, engine, settings)
         from megascope.analyzer.data.remote_run import PartialMirror, local_run_dir
         store = PartialMirror(str(path), threads=threads) if engine is not None \
             else Store(local_run_dir(path), threads=threads)
-        return cls(store, detectors, progress, engine)
+        return cls(store, detectors, progress, engine, settings)
 
     # ---- basic views --------------------------------------------------------------------------
     @property
@@ -210,13 +223,13 @@ class Run:
         return self._findings
 
     def _add_arrival_evidence(self, findings: list[Finding]) -> None:
-        culprits = sorted({r for f in findings if f.kind in ("straggler", "late_launch") for r in f.ranks})
+        culprits = sorted({r for f in findings if f.kind in CULPRIT_KINDS for r in f.ranks})
         if not culprits:
             return
         ids = ", ".join(map(str, culprits[:4096]))
         late = self.store.query(f"SELECT * FROM late_arrivals WHERE rank IN ({ids})")
         for f in findings:
-            if f.kind not in ("straggler", "late_launch"):
+            if f.kind not in CULPRIT_KINDS:
                 continue
             sel = late[late["rank"].isin(f.ranks) & late.step.between(*f.steps)]
             f.evidence["collectives_arrived_last"] = int(sel.late_count.sum())

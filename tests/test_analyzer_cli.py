@@ -51,8 +51,23 @@ def test_export_perfetto(run_dir, tmp_path):
     assert flows and {e["cat"] for e in flows} == {"p2p", "collective"}
 
 
+def test_analyze_set_changes_a_threshold_and_the_report_records_it(run_dir):
+    default = json.loads(megascope("analyze", run_dir, "--json", "--no-what-if", check=True).stdout)
+    assert default["settings"]["detect"]["straggler"]["min_ratio"] == 1.03 and len(default["findings"]) == 1
+    # the injected straggler is 1.1x its peers: a 1.5x bar lets it pass
+    strict = json.loads(megascope("analyze", run_dir, "--json", "--no-what-if",
+                                  "--set", "detect.straggler.min_ratio=1.5", check=True).stdout)
+    assert strict["settings"]["detect"]["straggler"]["min_ratio"] == 1.5 and strict["findings"] == []
+
+
 @pytest.mark.parametrize("args, needle", [
     (["analyze", "/nonexistent/run"], "does not exist"),
+    (["analyze", ".", "--set", "detect.straggler.min_ratoi=1.05"], "no setting detect.straggler.min_ratoi; known"),
+    (["analyze", ".", "--set", "detect.straggler.persist_steps=2.5"], "expected an integer"),
+    (["analyze", ".", "--set", "detect.flap=1"], "a section, not a setting"),
+    (["analyze", ".", "--set", "detect.warmup_factor=-1"], "finite number >= 0"),
+    (["analyze", ".", "--set", "min_ratio"], "expected KEY=VALUE"),
+    (["watch", ".", "--set", "detect.nope=1"], "no setting detect.nope"),
     (["analyze", "."], "not a megascope run directory"),
     (["export", "/nonexistent/run", "--perfetto", "x.json"], "does not exist"),
     (["simulate", "/tmp/x-megascope-bad", "--inject", "bogus:rank=1"], "unknown fault"),

@@ -13,10 +13,10 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from megascope.analyzer import Run
-from megascope.analyzer.watch import watcher as watch
-from megascope.analyzer.watch.live import FINDINGS_FILE, read_live_findings
+from megascope.analyzer.watch.live import read_live_findings
 from megascope.analyzer.watch.watcher import WatchConfig, Watcher
 from megascope.dashboard.app import create_app
+from megascope.tracer.run_dir import FINDINGS_FILE
 from tests.test_dashboard_callbacks import _text
 from tests.watch_feed import Feeder, simulate_steps
 
@@ -98,4 +98,3 @@ def test_read_live_findings_folds_episodes_and_skips_a_partial_line(tmp_path):
         ("hang", 40, "open", 41, None, False)]
     assert rows[0].finding.steps == (5, 12)
     assert read_live_findings(tmp_path / "missing.jsonl") == []
-    assert FINDINGS_FILE == watch.FINDINGS_FILE

@@ -29,8 +29,15 @@ def inflight_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "inflight"
 
 
-RUN_ENTRIES = (MANIFEST, *TABLES, "inflight", "checkpoints", "heartbeats", "health.json", "incidents.jsonl",
-               "self_check")
+INCIDENTS_FILE = "incidents.jsonl"
+"""The supervisor's incidents (dead, silent, stalled ranks, restarts), one JSON object a line."""
+SELF_CHECK_DIR = "self_check"
+"""The self-checks run before a restart, attempt-NN.json each."""
+FINDINGS_FILE = "findings.jsonl"
+"""What `megascope watch` announced (start, end and final records; docs/watch.md, Records)."""
+
+RUN_ENTRIES = (MANIFEST, *TABLES, "inflight", "checkpoints", "heartbeats", "health.json", INCIDENTS_FILE,
+               SELF_CHECK_DIR)
 """What a run writes at the top of its directory (tracer, checkpoints, supervisor)."""
 
 

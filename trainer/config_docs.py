@@ -1,5 +1,6 @@
 """Field documentation of the config tree, read from the docstrings under each field in config.py,
-so `megascope train --help` and docs/config.md can never drift from the code."""
+so `megascope train --help` and docs/config.md can never drift from the code. docs/config.md also
+lists the analyzer's settings (analyzer/settings.py, `megascope analyze --set`) the same way."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import dataclasses
 import inspect
 import sys
 from types import ModuleType
+from typing import Any
 
+from megascope.analyzer import settings as analyzer_settings
 from megascope.trainer import config
 
 
@@ -52,7 +55,31 @@ def markdown() -> str:
             default = getattr(cls(), f.name)
             lines.append(f"| `{f.name}` | `{default!r}` | {docs[cls.__name__].get(f.name, '')} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines + analyzer_markdown())
+
+
+def analyzer_markdown() -> list[str]:
+    """The analyzer's settings, one table per section, keys as `megascope analyze --set` takes them."""
+    docs = _class_docs(analyzer_settings)
+    lines = ["## Analyzer settings (`megascope analyze --set KEY=VALUE`)", "",
+             "Generated from analyzer/settings.py, where each threshold's comment gives the measurement behind "
+             "it; the `--json` report records the settings it was made with (`settings`).", ""]
+
+    def section(prefix: str, obj: Any) -> None:
+        fields = [f for f in dataclasses.fields(obj) if not dataclasses.is_dataclass(getattr(obj, f.name))]
+        if fields:
+            lines.extend([f"### {prefix}", "", "| key | default | meaning |", "|---|---|---|"])
+            for f in fields:
+                doc = docs[type(obj).__name__].get(f.name, "")
+                lines.append(f"| `{prefix}.{f.name}` | `{getattr(obj, f.name)!r}` | {doc} |")
+            lines.append("")
+        for f in dataclasses.fields(obj):
+            if dataclasses.is_dataclass(getattr(obj, f.name)):
+                section(f"{prefix}.{f.name}", getattr(obj, f.name))
+
+    for f in dataclasses.fields(analyzer_settings.AnalyzerSettings):
+        section(f.name, getattr(analyzer_settings.AnalyzerSettings(), f.name))
+    return lines
 
 
 if __name__ == "__main__":

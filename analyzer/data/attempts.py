@@ -29,6 +29,8 @@ from typing import Any
 
 import duckdb
 
+from megascope.tracer.run_dir import INCIDENTS_FILE
+
 BOUNDS = "_attempt_bounds"
 """Temp table (rank, from_step, before_ns): one row per attempt after a rank's first."""
 SCAN_MAX_FILES = 2000
@@ -63,7 +65,7 @@ def restart_times_ns(path: Path, manifest: dict[str, Any], warnings: list[str]) 
     """Times (epoch ns) of the restarts RUN/incidents.jsonl records; None when nothing says the run
     restarted (no restart incident, no `restarts` in run.json): the cheap trigger, no segment read."""
     times: list[int] = []
-    incidents = path / "incidents.jsonl"
+    incidents = path / INCIDENTS_FILE
     if incidents.is_file():
         for line in incidents.read_text().splitlines():
             try:

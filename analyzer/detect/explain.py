@@ -16,9 +16,8 @@ of a more specific finding whose steps overlap:
 
 from __future__ import annotations
 
-from megascope.analyzer.findings import Finding
+from megascope.analyzer.findings import CULPRIT_KINDS, Finding
 
-CULPRIT_KINDS = ("straggler", "late_launch")
 LINK_KINDS = ("network_flap", "slow_link")
 
 

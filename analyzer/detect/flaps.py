@@ -25,8 +25,6 @@ they are reported as one finding that says so, never one finding per link.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import pandas as pd
 
@@ -41,40 +39,18 @@ from megascope.analyzer.detect.peer_stats import (
     warmup_steps,
 )
 from megascope.analyzer.findings import Finding, Kind, hosts_of, rank_list
-
-
-@dataclass
-class FlapConfig:
-    flag_ratio: float = 1.3
-    min_extra_s: float = 1e-4       # ignore degradations smaller than this (timer resolution, noise)
-    steady_fraction: float = 0.8    # degraded on this share of steps: steadily slow, not flapping
-    min_episodes: int = 2
-    min_episode_steps: int = 2
-    z_flag: float = 4.0             # degraded beyond this many noise sigmas of the log ratio
-    min_stall_frac: float = 0.1     # p2p stalls: extra host time >= this share of the step
-    # a link's degraded steps must exceed the binomial bound n*p0 + z*sqrt(n*p0*(1-p0)) of the other
-    # links of its boundary (p0: their share of degraded steps). With p0 = 0 (a clean boundary, every
-    # case of the simulated accuracy suite) nothing changes. Measured on tests/megatron_1f1b_gen.py
-    # (512 ranks, 100 steps, boundary 6-7 with +1.3 ms peer waiting on 40% of link-steps, two links
-    # flapping +4 ms in 3 episodes of 5 steps, seeds 0 and 1): after _above_boundary_peaks the
-    # waiting links keep 0-3 degraded steps (bound ~4.5 at z=4), the flapping links 15-16 (bound 0-2.2).
-    # Counting alone is not enough: before the peak filter the waiting links had 18-37 degraded steps
-    # (bound ~45) and the flapping one on that boundary 35.
-    boundary_z: float = 4.0
-    # more flagged links than this on one boundary are one shared cause (a host holds <= 8 GPUs, so a
-    # NIC's links are at most 8 but those flap at the same steps; independent faults on 4+ links of
-    # one boundary in one run are far less likely than one cause): one grouped finding
-    group_links: int = 3
+from megascope.analyzer.settings import WARMUP_FACTOR, FlapConfig
 
 
 class FlapDetector:
-    def __init__(self, config: FlapConfig | None = None) -> None:
+    def __init__(self, config: FlapConfig | None = None, warmup_factor: float = WARMUP_FACTOR) -> None:
         self.cfg = config or FlapConfig()
+        self.warmup_factor = warmup_factor
 
     def detect(self, store: Store) -> list[Finding]:
         bounds = store.query("SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns, "
                              "median(step_time_s) AS step_time_s FROM rank_step GROUP BY step")
-        warm = sorted(int(s) for s in warmup_steps(bounds, 2.0)) if len(bounds) else []
+        warm = sorted(int(s) for s in warmup_steps(bounds, self.warmup_factor)) if len(bounds) else []
         bounds = bounds[~bounds.step.isin(warm)].set_index("step")
         n_steps = len(bounds)
         if n_steps == 0:

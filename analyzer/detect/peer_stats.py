@@ -27,6 +27,7 @@ import pandas as pd
 import pyarrow as pa
 
 from megascope.analyzer.data.store import Store
+from megascope.analyzer.settings import WARMUP_FACTOR
 
 MEASURES = ("work_s", "forward_s", "own_s", "gap_s")
 """work_s = own forward + backward compute; forward_s alone; own_s = compute + data wait + host gaps;
@@ -90,7 +91,7 @@ class ScoreGrid:
         return pd.DataFrame(out)
 
 
-def rank_step_scores(store: Store, warmup_factor: float = 2.0) -> ScoreGrid | None:
+def rank_step_scores(store: Store, warmup_factor: float = WARMUP_FACTOR) -> ScoreGrid | None:
     """The ScoreGrid of the run's rank_step rows (None: no step with time); warm-up steps dropped."""
     grid = load_grid(store, SCORE_COLUMNS, warmup_factor)
     if grid is None:
@@ -173,7 +174,7 @@ def _fingerprint(store: Store) -> tuple:
     return (row["n"], row["last"], row["h"])
 
 
-def load_grid(store: Store, columns: tuple[str, ...], warmup_factor: float = 2.0) -> ScoreGrid | None:
+def load_grid(store: Store, columns: tuple[str, ...], warmup_factor: float = WARMUP_FACTOR) -> ScoreGrid | None:
     """rank_step's `columns` (step_time_s among them; work_s = forward_s + backward_s) as a ScoreGrid
     without scores, warm-up steps dropped (None: no rank-step with time)."""
     grid = _fetch_grid(store, columns)

@@ -48,58 +48,11 @@ from megascope.analyzer.detect.peer_stats import (
     rank_step_scores,
 )
 from megascope.analyzer.findings import Finding, hosts_of
+from megascope.analyzer.settings import WARMUP_FACTOR, StragglerConfig
 
 ONSET_SHARE = 0.6
 """The onset is the first step of the stretch past this share of the level shift: a step only partly
 slowed, or a noisy one just before, is not yet the new level (the error is late by a step at most)."""
-
-
-@dataclass
-class StragglerConfig:
-    min_ratio: float = 1.03
-    gross_ratio: float = 2.0
-    z_flag: float = 2.0
-    z_shift: float = 1.3
-    z_start: float = 3.5
-    z_imbalance: float = 3.0
-    z_gap: float = 6.0
-    z_late: float = 3.0
-    min_excess_frac: float = 0.01
-    persist_steps: int = 3
-    max_gap: int = 3                # flagged steps this far apart still make one run (noise drops some)
-    min_flagged_share: float = 0.65  # ... but most steps from onset to end must be flagged or held (stretch)
-    min_gap_s: float = 1e-3
-    late_min_count: int = 3
-    late_max_period: int = 10
-    imbalance_ratio: float = 1.05
-    chance_alpha: float = 0.01
-    """A stretch is kept only when as many flagged steps among its steps, at the run's own flag rate,
-    have a chance below this of happening anywhere in the run (x ranks x steps it could start at).
-    Measured (benchmarks/accuracy_independent.py, tuned seeds; analyzer_accuracy.py --suite sim): the
-    false stretches of heavy-tailed noise and 1,200-step clean runs were 2-4 steps long with a chance
-    of 0.8-30 by that count; the true stragglers of both suites < 1e-23."""
-    sustained_se: float = 5.0
-    """A sustained shift must exceed 5 standard errors of the two medians' difference. The CUSUM picks
-    its stretch, which inflates the shift: on noise alone a proposed stretch of n steps has a mean of
-    >= drift + h / n sigma (n = 100: ~2.8 standard errors). Measured: the stretches the CUSUM proposed
-    on the generator's clean runs (1,800, 1,200 and 200 steps, tuned seeds) reached 0.6-3.4 standard
-    errors (the sign test alone passed one of them: 8e-4); a real dp2 x pp2 run with one rank stopped
-    30% of the time (SIGSTOP duty cycle, 20 ms periods) from step 813 of 1,800, sigma 0.32: 15.6; the
-    generator's 1.6x under sigma 0.27: 28-31; its 1.35x in a partial trace: 18."""
-    sustained_min_steps: int = 20
-    cusum_drift: float = 0.25
-    """Half the smallest shift (0.5 sigma) the sustained test looks for."""
-    cusum_clip: float = 3.0
-    cusum_h: float = 10.0
-    """At least 4 steps at the clip, or 40 at 0.5 sigma: the CUSUM only proposes stretches."""
-    replica_share: float = 0.5
-    """A rank's slowdown is its replica's work when the replica's other stages were at least this share
-    as slow at the same steps. Measured: dp=32 x pp=2 x cp=2 with sequence imbalance that persists over
-    steps (AR(1) rho 0.8-0.97) gave 13-42 false stragglers per run without this test, none with it; a
-    true straggler's replica-mates score ~0 (1F1B waits are outside their compute spans)."""
-    min_null_rate: float = 0.01
-    """Floor of the run's flag rate: quiet simulated runs flag no clean rank-step at all, and a zero
-    rate would make any flagged step infinitely unlikely."""
 
 
 @dataclass
@@ -116,11 +69,12 @@ class Episode:
 class StragglerDetector:
     """The default detector; Run takes any object with `detect(store) -> list[Finding]`."""
 
-    def __init__(self, config: StragglerConfig | None = None) -> None:
+    def __init__(self, config: StragglerConfig | None = None, warmup_factor: float = WARMUP_FACTOR) -> None:
         self.cfg = config or StragglerConfig()
+        self.warmup_factor = warmup_factor
 
     def detect(self, store: Store) -> list[Finding]:
-        grid = rank_step_scores(store)
+        grid = rank_step_scores(store, self.warmup_factor)
         if grid is None:
             return []
         self._trials = max(1, len(grid.ranks) * len(grid.steps))

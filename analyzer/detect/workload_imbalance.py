@@ -40,31 +40,18 @@ from megascope.analyzer.detect.peer_stats import (
     take_grid,
 )
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
-
-
-@dataclass
-class WorkloadImbalanceConfig:
-    min_spread: float = 1.10
-    """Slowest / fastest replica compute on a flagged step."""
-    min_step_share: float = 0.5
-    """Flagged steps over analyzed steps."""
-    max_top_share: float = 0.8
-    """The most frequent slowest replica may be the slowest on at most this share of flagged steps."""
-    z_noise: float = 5.0
-    """The spread must exceed this many sd of a replica mean's noise (from within-replica disagreement)."""
-    min_steps: int = 6
-    level_window: int = 5
-    """Steps in the rolling median that is each rank's own level (a persistent slowdown)."""
+from megascope.analyzer.settings import WARMUP_FACTOR, WorkloadImbalanceConfig
 
 
 class WorkloadImbalanceDetector:
     """Run takes any object with `detect(store) -> list[Finding]`."""
 
-    def __init__(self, config: WorkloadImbalanceConfig | None = None) -> None:
+    def __init__(self, config: WorkloadImbalanceConfig | None = None, warmup_factor: float = WARMUP_FACTOR) -> None:
         self.cfg = config or WorkloadImbalanceConfig()
+        self.warmup_factor = warmup_factor
 
     def detect(self, store: Store) -> list[Finding]:
-        grid = compute_per_rank_step(store)
+        grid = compute_per_rank_step(store, self.warmup_factor)
         if grid is None or len(np.unique(grid.dp)) < 2:
             return []
         stats = replica_spread(grid, self.cfg.level_window)
@@ -110,7 +97,7 @@ class WorkloadImbalanceDetector:
                       "est_throughput_lost": round(lost, 4) if lost == lost else None})
 
 
-def compute_per_rank_step(store: Store, warmup_factor: float = 2.0) -> ScoreGrid | None:
+def compute_per_rank_step(store: Store, warmup_factor: float = WARMUP_FACTOR) -> ScoreGrid | None:
     """work_s (own forward + backward) and step_time_s per rank and step (rank x step matrices), warm-up
     steps dropped as the straggler detector drops them; None: no rank-step with time."""
     return take_grid(store, warmup_factor) or load_grid(store, ("step_time_s", "work_s"), warmup_factor)

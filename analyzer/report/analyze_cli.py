@@ -1,4 +1,4 @@
-"""`megascope analyze RUN [--json] [--html FILE]`: findings first, then the MFU summary."""
+"""`megascope analyze RUN [--json] [--html FILE] [--set KEY=VALUE]`: findings first, then the MFU summary."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 from megascope.analyzer.data.store import RunOpenError
 from megascope.analyzer.report.build import json_safe, render_text
+from megascope.analyzer.settings import AnalyzerSettings, SettingsError, apply_set
 from megascope.progress import ProgressBar
 
 
@@ -28,7 +29,18 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "its worker; results merged here)")
     p.add_argument("--address", metavar="HOST:PORT", help="Ray cluster to use with --engine ray (default: start a "
                                                           "local one)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                   help="change one analyzer setting, e.g. --set detect.straggler.min_ratio=1.05 (repeatable; every "
+                        "setting and its default: docs/config.md; the report records the settings used)")
     return p
+
+
+def settings_of(items: list[str]) -> AnalyzerSettings:
+    """The defaults with each --set item applied in order (raises SettingsError)."""
+    settings = AnalyzerSettings()
+    for item in items:
+        apply_set(settings, item)
+    return settings
 
 
 def positive_int(text: str) -> int:
@@ -63,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
     from megascope.analyzer.run import Run
     bar = ProgressBar()
     try:
+        settings = settings_of(args.settings)
         bar("opening", 0, 3)
         engine = _engine(args)
-        analysis = Run.open(args.run_dir, progress=bar, threads=args.threads, engine=engine)
+        analysis = Run.open(args.run_dir, progress=bar, threads=args.threads, engine=engine, settings=settings)
         bar("analyzing", 1, 3)
         report = analysis.report(with_what_if=not args.no_what_if)
         if args.html:
@@ -73,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
             bar("html", 2, 3)
             write_html(analysis, report, args.html)
         bar("done", 3, 3)
-    except (RunOpenError, EngineChoiceError) as exc:
+    except (RunOpenError, EngineChoiceError, SettingsError) as exc:
         bar.close()
         print(f"megascope analyze: {exc}", file=sys.stderr)
         return 2

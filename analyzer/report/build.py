@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from megascope.analyzer.settings import settings_dict
+
 if TYPE_CHECKING:
     from megascope.analyzer.run import Run
 
-MAX_WHAT_IF = 10  # findings given a what-if replay in the report (the worst ones first)
 SCHEMA_VERSION = 1
 """Version of the `--json` report (docs/report.schema.json). Bump it on any change a reader could
 trip on: a field removed, renamed or given another type (adding an optional field is compatible)."""
@@ -23,11 +24,12 @@ def build_report(run: "Run", with_what_if: bool = True) -> dict:
     topo = man.get("topology", {})
     mfu = run.mfu()
     findings = run.findings()
+    max_what_if = run.settings.report.max_what_if
     out_findings = []
     for i, f in enumerate(findings):
         d = f.to_dict()
-        if with_what_if and i < MAX_WHAT_IF and f.kind != "hang":
-            run.progress("what-if", i + 1, min(len(findings), MAX_WHAT_IF))
+        if with_what_if and i < max_what_if and f.kind != "hang":
+            run.progress("what-if", i + 1, min(len(findings), max_what_if))
             d["what_if"] = run.what_if(f)
         out_findings.append(d)
     per_step = [{"step": int(r.step), "step_time_s": _num(r.step_time_s), "tokens_per_s": _num(r.tokens_per_s, 1),
@@ -46,6 +48,7 @@ def build_report(run: "Run", with_what_if: bool = True) -> dict:
         "incomplete_data": run.incomplete_data(),
         "robustness": _robustness(run),
         "warnings": list(run.warnings),
+        "settings": settings_dict(run.settings),
     }
 
 

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from megascope.tracer.run_dir import INCIDENTS_FILE
+
 COLUMNS = ["time", "kind", "attempt", "ranks", "hosts", "step", "detail", "action"]
 
 
 def read_incidents(run_dir: str | Path, warnings: list[str] | None = None) -> pd.DataFrame:
     """One row per incident, in time order; empty (with the columns) when the run had none."""
-    path = Path(run_dir) / "incidents.jsonl"
+    path = Path(run_dir) / INCIDENTS_FILE
     rows = []
     if path.is_file():
         for n, line in enumerate(path.read_text().splitlines(), 1):

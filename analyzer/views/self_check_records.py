@@ -13,10 +13,12 @@ from typing import Any
 
 import pandas as pd
 
+from megascope.tracer.run_dir import SELF_CHECK_DIR
+
 
 def read_self_checks(run_dir: str | Path, warnings: list[str] | None = None) -> list[dict[str, Any]]:
     """Every attempt's record, oldest first."""
-    folder = Path(run_dir) / "self_check"
+    folder = Path(run_dir) / SELF_CHECK_DIR
     out = []
     for f in sorted(folder.glob("attempt-*.json")) if folder.is_dir() else []:
         try:

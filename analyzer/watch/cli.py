@@ -6,7 +6,8 @@ import argparse
 import sys
 import urllib.parse
 
-from megascope.analyzer.report.analyze_cli import positive_int
+from megascope.analyzer.report.analyze_cli import positive_int, settings_of
+from megascope.analyzer.settings import WATCH_WINDOW, SettingsError
 from megascope.cli import DefaultsHelpFormatter
 
 
@@ -23,7 +24,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                                                   "object-store URL (s3://bucket/prefix), followed through a local "
                                                   "mirror under $MEGASCOPE_CACHE_DIR (default ~/.cache/megascope) "
                                                   "synced every --poll")
-    p.add_argument("--window", type=positive_int, default=32, help="recent complete steps the detectors see")
+    p.add_argument("--window", type=positive_int, default=WATCH_WINDOW, help="recent complete steps the detectors see")
     p.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="how often to look for new segments")
     p.add_argument("--webhook", metavar="URL", help="POST each record as JSON to this http(s) URL (retried with "
                                                     "backoff on a background thread)")
@@ -37,6 +38,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-summary", action="store_true", help="do not extend the persisted rank-step summary "
                                                              "(the dashboard's heatmap) on each tick")
     p.add_argument("--threads", type=positive_int, default=None, help="DuckDB threads, >= 1 (default: all cores)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                   help="change one detector setting, as `megascope analyze --set` takes it, e.g. "
+                        "--set detect.straggler.min_ratio=1.05 (repeatable; docs/config.md)")
     return p
 
 
@@ -52,6 +56,10 @@ def check_args(args: argparse.Namespace) -> str | None:
         url = urllib.parse.urlparse(args.webhook)
         if url.scheme not in ("http", "https") or not url.netloc:
             return f"--webhook must be an http(s) URL, got '{args.webhook}'"
+    try:
+        settings_of(args.settings)
+    except SettingsError as exc:
+        return str(exc)
     return None
 
 
@@ -80,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cfg = WatchConfig(window=args.window, poll_s=args.poll, webhook=args.webhook, on_finding=args.on_finding,
                       metrics_port=args.metrics_port, idle_exit_s=args.idle_exit, summary=not args.no_summary,
-                      threads=args.threads)
+                      threads=args.threads, settings=settings_of(args.settings))
     try:
         watcher = Watcher(path, cfg)
     except OSError as exc:

@@ -15,9 +15,6 @@ from typing import cast
 
 from megascope.analyzer.findings import Finding, Kind
 
-FINDINGS_FILE = "findings.jsonl"
-"""The watcher's default records file (analyzer/watch/watcher.py writes it as FINDINGS_FILE too)."""
-
 
 @dataclass
 class LiveFinding:

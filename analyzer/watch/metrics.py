@@ -13,9 +13,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from megascope.analyzer.findings import KINDS, Finding
-
-SCORED_KINDS = ("straggler", "late_launch")
+from megascope.analyzer.findings import CULPRIT_KINDS, KINDS, Finding
 
 
 class WatchMetrics:
@@ -77,7 +75,7 @@ class WatchMetrics:
         scored: dict[tuple[str, str], float] = {}
         for f in findings:
             counts[f.kind] = counts.get(f.kind, 0) + 1
-            if f.kind in SCORED_KINDS:
+            if f.kind in CULPRIT_KINDS:
                 for rank in f.ranks:
                     label: tuple[str, str] = (str(rank), f.kind)
                     scored[label] = max(scored.get(label, 0.0), float(f.severity))

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from megascope.analyzer.findings import Finding
+from megascope.analyzer.settings import StragglerConfig
 
 Key = tuple[str, tuple[int, ...]]
 
@@ -31,10 +32,10 @@ class Change:
 
 @dataclass
 class Tracker:
-    end_after: int = 4
+    end_after: int = StragglerConfig.max_gap + 1
     """Steps a finding's last affected step may lag the run before it is over: the straggler
-    detector bridges gaps of up to max_gap=3 unflagged steps (stragglers.StragglerConfig), so a
-    shorter lag would end and restart one noisy straggler."""
+    detector bridges gaps of up to max_gap unflagged steps (settings.StragglerConfig; the watcher
+    passes its own setting's), so a shorter lag would end and restart one noisy straggler."""
     open: dict[Key, Finding] = field(default_factory=dict)
     seen: set[Key] = field(default_factory=set)
     """Every finding ever announced (a final verdict repeats none of them)."""

@@ -31,6 +31,7 @@ from megascope.analyzer.data.store import RunOpenError, Store
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.report.build import json_safe
 from megascope.analyzer.run import Run
+from megascope.analyzer.settings import WATCH_WINDOW, AnalyzerSettings
 from megascope.analyzer.watch.metrics import WatchMetrics
 from megascope.analyzer.watch.sinks import (
     BackgroundSink,
@@ -45,16 +46,14 @@ from megascope.analyzer.watch.tracker import Tracker, key_of
 from megascope.analyzer.watch.window import Progress, ProgressFollower, SegmentSteps, analyze_full, analyze_window
 from megascope.tracer import run_dir as rd
 
-FINDINGS_FILE = "findings.jsonl"
 MAX_RETRY_S = 60.0
 """A tick that keeps failing is retried at most this far apart (not every poll: the log stays readable)."""
 
 
 @dataclass
 class WatchConfig:
-    window: int = 32
-    """Complete steps the detectors see per tick. The straggler detector needs persist_steps=3 flagged
-    steps and enough clean ones for the run's own flag rate; 32 keeps a tick's cost fixed."""
+    window: int = WATCH_WINDOW
+    """Complete steps the detectors see per tick (settings.WATCH_WINDOW)."""
     poll_s: float = 1.0
     webhook: str | None = None
     on_finding: str | None = None
@@ -64,6 +63,8 @@ class WatchConfig:
     threads: int | None = None
     findings_file: Path | None = None
     """Default RUN/findings.jsonl."""
+    settings: AnalyzerSettings = field(default_factory=AnalyzerSettings)
+    """The detectors' thresholds (`--set`), as `megascope analyze` takes them."""
 
 
 @dataclass
@@ -85,13 +86,13 @@ class Watcher:
         self.path = Path(run_dir)
         self.cfg = cfg or WatchConfig()
         self.log = log or (lambda msg: print(f"megascope watch: {msg}", file=sys.stderr, flush=True))
-        self.tracker = Tracker()
+        self.tracker = Tracker(end_after=self.cfg.settings.detect.straggler.max_gap + 1)
         self.state = WatchState()
         self.metrics: WatchMetrics | None = None
         self.follower: ProgressFollower | None = None
         self.segment_steps = SegmentSteps()
         self.server: WSGIServer | None = None  # /metrics, when metrics_port is set
-        self.sinks: list[Any] = [StdoutSink(out), JsonlSink(self.cfg.findings_file or self.path / FINDINGS_FILE)]
+        self.sinks: list[Any] = [StdoutSink(out), JsonlSink(self.cfg.findings_file or self.path / rd.FINDINGS_FILE)]
         if self.cfg.webhook:
             self.sinks.append(BackgroundSink("webhook", post_json(self.cfg.webhook), self.log))
         if self.cfg.on_finding:
@@ -193,7 +194,8 @@ class Watcher:
             m.step_advanced(step)
             if self.cfg.summary:  # the dashboard's heatmap: extended from the new steps only
                 Run.open(self.path, threads=self.cfg.threads).refresh_summary()
-        window = analyze_window(self.path, step - self.cfg.window + 1, step, self.cfg.threads, self.segment_steps)
+        window = analyze_window(self.path, step - self.cfg.window + 1, step, self.cfg.threads, self.segment_steps,
+                                self.cfg.settings)
         self.state.analyzed_step, self.state.inflight = step, inflight
         for change in self.tracker.update(window.findings, step):
             self._send(change.event, change.finding, change.at_step)
@@ -218,7 +220,7 @@ class Watcher:
         watcher restarted on it picks them up (findings.jsonl)."""
         step = self.state.analyzed_step if self.state.analyzed_step is not None else -1
         finished = self.state.progress is not None and self.state.progress.finished
-        final = analyze_full(self.path, self.cfg.threads)
+        final = analyze_full(self.path, self.cfg.threads, self.cfg.settings)
         for f in final:
             if key_of(f) not in self.tracker.seen:  # the windows missed it (e.g. a slow trend)
                 self._send("start", f, step)
@@ -309,7 +311,7 @@ class Watcher:
         return self.follower
 
     def _findings_path(self) -> Path:
-        return self.cfg.findings_file or self.path / FINDINGS_FILE
+        return self.cfg.findings_file or self.path / rd.FINDINGS_FILE
 
     def _listing(self) -> tuple[frozenset, frozenset]:
         """(relative paths of the events and steps segments, (name, mtime) of the in-flight records)."""

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 from megascope.analyzer.data.store import Store
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.run import Run
+from megascope.analyzer.settings import AnalyzerSettings
 from megascope.analyzer.views.mfu import mfu_timeline
 
 
@@ -163,9 +164,9 @@ class WindowResult:
 
 
 def analyze_window(path: Path, first: int, last: int, threads: int | None = None,
-                   index: SegmentSteps | None = None) -> WindowResult:
+                   index: SegmentSteps | None = None, settings: AnalyzerSettings | None = None) -> WindowResult:
     """The default detectors (Run.findings: stragglers, flaps, imbalance, hang) over steps [first, last]."""
-    run = Run(WindowStore(path, first, last, threads=threads, index=index))
+    run = Run(WindowStore(path, first, last, threads=threads, index=index), settings=settings)
     findings = run.findings()
     per_step = mfu_timeline(run.store).per_step
     per_stage = run.store.query("""SELECT pp, quantile_cont(step_time_s, 0.5) AS p50_s, max(step_time_s) AS max_s
@@ -174,6 +175,6 @@ def analyze_window(path: Path, first: int, last: int, threads: int | None = None
     return WindowResult(findings, per_step, per_stage, list(run.warnings))
 
 
-def analyze_full(path: Path, threads: int | None = None) -> list[Finding]:
+def analyze_full(path: Path, threads: int | None = None, settings: AnalyzerSettings | None = None) -> list[Finding]:
     """What `megascope analyze` finds over the whole run (the watcher's final verdict)."""
-    return Run.open(path, threads=threads).findings()
+    return Run.open(path, threads=threads, settings=settings).findings()

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from megascope.tracer import comm
-from megascope.tracer.run_dir import write_json_atomic
+from megascope.tracer.run_dir import SELF_CHECK_DIR, write_json_atomic
 
 ROBUST_Z = 3.0
 """How many robust standard deviations (1.4826 * MAD) below the median an outlier must also be."""
@@ -32,7 +32,7 @@ class SelfCheckError(RuntimeError):
 
 
 def self_check_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "self_check"
+    return Path(run_dir) / SELF_CHECK_DIR
 
 
 # ---------------------------------------------------------------------- statistics and decision

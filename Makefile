@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.megascope-installed
 TESTSTAMP := $(VENV)/.megascope-test-extras
 
-.PHONY: setup demo test bench clean
+.PHONY: setup demo test test-fast bench clean
 
 $(STAMP): pyproject.toml scripts/install-torch.sh
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,14 @@ test: $(TESTSTAMP)
 	MYPY=$(VENV)/bin/mypy scripts/typecheck.sh
 	$(PY) -m pytest -q
 
+# the same checks without the tests marked `slow` (multi-process and end-to-end jobs): the quick loop
+test-fast: $(TESTSTAMP)
+	$(VENV)/bin/ruff check .
+	MYPY=$(VENV)/bin/mypy scripts/typecheck.sh
+	$(PY) -m pytest -q -m "not slow"
+
+# five of the benchmarks (trainer, analyzer accuracy and scale); the others are run one by one, each
+# with the command its table in the README names
 bench: setup
 	$(PY) benchmarks/tracer_overhead.py
 	$(PY) benchmarks/ddp_compare.py

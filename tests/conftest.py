@@ -22,6 +22,19 @@ class SimulatedRun(Protocol):
         ...
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked `gpu` need a CUDA device: skipped, with one reason, where there is none."""
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if not gpu:
+        return
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu)")
+    for item in gpu:
+        item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def simulated_run(tmp_path_factory: pytest.TempPathFactory) -> SimulatedRun:
     """Factory of simulated runs; session-scoped so that module-scoped fixtures can call it too."""

@@ -8,7 +8,7 @@ import torch
 
 from megascope.trainer.robust.faults import Faults, GpuDelay, parse_spec
 
-needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+needs_gpu = pytest.mark.gpu  # skipped without a CUDA device (conftest.py)
 
 
 def _device_ms(fn) -> float:

@@ -9,8 +9,8 @@ from megascope.kernels import attention, layernorm
 from megascope.kernels.attention import attention_reference, causal_attention, window_mask
 from megascope.kernels.bias_gelu import bias_gelu, bias_gelu_reference
 
-CUDA_TRITON = torch.cuda.is_available() and attention.HAS_TRITON
-needs_gpu = pytest.mark.skipif(not CUDA_TRITON, reason="needs a CUDA device and triton")
+needs_gpu = pytest.mark.gpu  # skipped without a CUDA device (conftest.py)
+needs_triton = pytest.mark.skipif(not attention.HAS_TRITON, reason="needs triton")
 
 
 def _grads(fn, *inputs: torch.Tensor, seed: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -70,6 +70,7 @@ def test_attention_refuses_mismatched_shapes() -> None:
 
 
 @needs_gpu
+@needs_triton
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_triton_layernorm_matches_reference(dtype, tol) -> None:
     for hidden in (64, 1000, 4096):
@@ -78,6 +79,7 @@ def test_triton_layernorm_matches_reference(dtype, tol) -> None:
 
 
 @needs_gpu
+@needs_triton
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_triton_bias_gelu_matches_reference(dtype, tol) -> None:
     g = torch.Generator().manual_seed(3)
@@ -87,6 +89,7 @@ def test_triton_bias_gelu_matches_reference(dtype, tol) -> None:
 
 
 @needs_gpu
+@needs_triton
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-5), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("seq,head_dim,window", [(128, 64, 0), (100, 32, 0), (257, 128, 0), (257, 64, 17),
                                                  (300, 16, 64), (64, 64, 1)])
@@ -98,6 +101,7 @@ def test_triton_flash_attention_matches_reference(dtype, tol, seq, head_dim, win
 
 
 @needs_gpu
+@needs_triton
 def test_flash_attention_reads_strided_inputs() -> None:
     qkv = torch.randn(2, 50, 4, 3, 32, device="cuda")  # the model's per-head interleaved layout
     q, k, v = (qkv[:, :, :, i].transpose(1, 2) for i in range(3))
@@ -117,6 +121,7 @@ def test_flex_window_attention_matches_reference(window: int) -> None:
 
 
 @needs_gpu
+@needs_triton
 @pytest.mark.skipif(not attention.HAS_FLEX, reason="torch without FlexAttention")
 @pytest.mark.parametrize("window", [17, 512])
 def test_training_window_attention_gradients_match_reference(window: int) -> None:
@@ -150,6 +155,7 @@ def test_sdpa_preference_refuses_an_unknown_backend() -> None:
 
 
 @needs_gpu
+@needs_triton
 @pytest.mark.parametrize("backend", ["cudnn", "flash", "efficient"])
 def test_sdpa_preference_on_the_gpu_matches_reference(backend: str) -> None:
     g = torch.Generator().manual_seed(11)

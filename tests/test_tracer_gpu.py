@@ -12,8 +12,7 @@ from megascope import tracer
 from megascope.tracer.config import TraceConfig
 from megascope.tracer.schema import GPU, KERNELS
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = pytest.mark.gpu  # skipped without a CUDA device (conftest.py)
 
 
 @pytest.fixture(autouse=True)

@@ -48,10 +48,3 @@ def critical_path(g: StepGraph) -> pd.DataFrame:
     out["via"] = via[::-1]
     return out
 
-
-def rank_share(path: pd.DataFrame) -> pd.DataFrame:
-    """Time on the critical path per rank (who bounded the step)."""
-    if path.empty:
-        return pd.DataFrame(columns=["rank", "path_s"])
-    return (path.groupby("rank").duration_s.sum().rename("path_s").reset_index()
-            .sort_values("path_s", ascending=False, ignore_index=True))

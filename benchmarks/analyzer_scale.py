@@ -6,7 +6,7 @@
                                         [--edge [--edge-out /tmp/megascope-scale-edge] [--edge-steps 1000]
                                                 [--tile 10:29] [--rebuild-edge]]
 
-Targets (DESIGN.md section 6): under 60 s and 4 GB on the 2-core dev machine. The wall time depends on
+Targets: under 60 s and 4 GB on the 2-core dev machine. The wall time depends on
 what else runs on the machine: the table gives the load average and the process's CPU seconds (user +
 sys, all threads) next to it. `--phases` also runs the same analysis through the Python API in a second
 fresh process, timing each phase (wall and CPU seconds): open, event pass, late arrivals, each detector,

@@ -1,4 +1,4 @@
-"""The report object of `megascope analyze --json` (DESIGN.md section 3) and its text rendering."""
+"""The report object of `megascope analyze --json` (docs/report.schema.json) and its text rendering."""
 
 from __future__ import annotations
 

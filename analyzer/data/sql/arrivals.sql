@@ -2,7 +2,7 @@
 -- was the last to arrive at a collective (the members that arrived early waited for it: they are its
 -- victims, not culprits). The run's table is `late_arrivals` (from `collective_instances`).
 --   collectives VARCHAR    -- name of a collective_instances_of relation (collectives.sql)
---   min_lateness_s DOUBLE  -- arrivals later than this count (event_pass.MIN_LATENESS_S)
+--   min_lateness_s DOUBLE  -- arrivals later than this count (findings.MIN_LATENESS_S)
 --   rank INT, step BIGINT
 --   late_count BIGINT      -- collectives where this rank arrived last with lateness > min_lateness_s
 --   lateness_s DOUBLE      -- summed lateness of those arrivals

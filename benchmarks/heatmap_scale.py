@@ -6,8 +6,7 @@ the cost of building, reusing and extending the persisted rank-step summary on a
                                        [--build-dp 32 --build-tp 4 --build-pp 8 --build-steps 100]
                                        [--out /tmp/megascope-heatmap] [--repeat 3]
 
-Part 1 (the target: a heatmap in under 2 s at 12,288 ranks x 1,000 steps): 786 M raw events cannot
-be generated on the 2-core dev
+Part 1 (the 2 s target for one heatmap): 786 M raw events cannot be generated on the 2-core dev
 box, so the run directory holds the real 12,288-rank run.json, one empty events and one empty steps
 segment per rank, and the summary (RUN/analysis/rank_step/) synthesized in DuckDB with the summary's exact
 schema (checked against a real summary) from a simple timing model (1F1B stage bubble, noise, rank

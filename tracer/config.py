@@ -35,5 +35,9 @@ class TraceConfig:
     edge_summaries: bool = True
     """Also write each step's summary rows beside the events (tracer/edge_summary.py: what the analyzer
     derives from them, computed on the flusher thread), so the analysis of a big job reads those."""
+    summary_every: int = 50
+    """Rank 0 prints one summary line every n steps, also to the `logging` logger `megascope`: rolling
+    step time min / median / max and the slowest ranks, chronic (a live watcher's open findings) apart
+    from one-off stalls (tracer/step_summary.py); 0 = off."""
     cupti: bool = False
     """Record kernel activity with CUPTI (cupti-python) into the kernels table."""

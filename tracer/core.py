@@ -30,6 +30,7 @@ from megascope.tracer.flusher import Flusher
 from megascope.tracer.schedule import Schedule, check_level, every_n_steps
 from megascope.tracer.schema import TRACED, WAIT_SUFFIX
 from megascope.tracer.sink import ParquetSegmentSink, Sink
+from megascope.tracer.step_summary import StepSummary
 from megascope.tracer.watchdog import CommOp, HangWatchdog, InflightRegistry
 
 if TYPE_CHECKING:  # for annotations; the three recorders are imported where used (each needs its own hardware)
@@ -81,6 +82,9 @@ class Tracer:
         self.sink = sink if sink is not None else ParquetSegmentSink(run_dir, self.rank)  # type: ignore[arg-type]
         if cfg.edge_summaries and self.enabled:
             self.sink = SummarizingSink(self.sink, self.rank)
+        self.summary = (StepSummary(run_dir, cfg.summary_every)
+                        if self.enabled and self.rank == 0 and cfg.summary_every > 0 else None)
+        """Rank 0's summary line in the job's log every cfg.summary_every steps."""
         self.flusher: Flusher | None = None
         self.watchdog: HangWatchdog | None = None
         self.timeline: CudaTimeline | None = None
@@ -266,12 +270,13 @@ class Tracer:
         try:
             if self.pending_works and self.completion is not None:  # set whenever works are pending
                 self.completion.sweep()
-            self.buffers["steps"].append((
-                self.step if step is None else int(step),
-                self.step_start_ns if start_ns is None else int(start_ns),
-                self.now_ns() if end_ns is None else int(end_ns),
-                int(tokens), float(loss), float(lr), float(grad_norm), float(model_flops),
-                self.dropped_events))
+            step = self.step if step is None else int(step)
+            start_ns = self.step_start_ns if start_ns is None else int(start_ns)
+            end_ns = self.now_ns() if end_ns is None else int(end_ns)
+            self.buffers["steps"].append((step, start_ns, end_ns, int(tokens), float(loss), float(lr),
+                                          float(grad_norm), float(model_flops), self.dropped_events))
+            if self.summary is not None:
+                self.summary.step(step, (end_ns - start_ns) / 1e9)
         except Exception as exc:
             self._failed("record_step", exc)
 
@@ -316,7 +321,8 @@ class Tracer:
             return
         self._closed = True
         atexit.unregister(self.close)
-        for part in (self.cupti, self.nvml, self.watchdog, self.completion, self.timeline, self.flusher):
+        for part in (self.summary, self.cupti, self.nvml, self.watchdog, self.completion, self.timeline,
+                     self.flusher):
             if part is not None:
                 try:
                     part.close()

@@ -20,6 +20,7 @@ from megascope.analyzer.data.summary_cache import SummaryState, ensure_summary
 from megascope.analyzer.detect.explain import drop_explained
 from megascope.analyzer.detect.flaps import FlapDetector
 from megascope.analyzer.detect.hangs import HangReport, find_hang
+from megascope.analyzer.detect.lost_time import LostTimeDetector, settle
 from megascope.analyzer.detect.stragglers import StragglerDetector
 from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
 from megascope.analyzer.findings import CULPRIT_KINDS, SEVERITY_ORDER, Finding
@@ -57,7 +58,7 @@ class Run:
         self.engine = engine  # where the event pass's batches run (None: this process, event_pass.LocalEngine)
         self.settings = settings or AnalyzerSettings()
         self.detectors: list[Detector] = list(detectors) if detectors is not None else \
-            default_detectors(self.settings.detect)
+            [*default_detectors(self.settings.detect), LostTimeDetector()]  # the attribution last: it settles
         self.progress = progress or (lambda label, done, total: None)
         self._built: set[str] = set()
         self._timeline = True
@@ -214,6 +215,9 @@ class Run:
             for i, det in enumerate(self.detectors):
                 self.progress("detecting", i + 1, total)
                 out += det.detect(self.store)
+        for det in self.detectors:  # blame follows the lost time: victims and trifles go, culprits get a cost
+            if isinstance(det, LostTimeDetector):
+                out = settle(out, det.attribution, det.cfg)
         out = drop_explained(out, self.topology)
         if hang is not None:
             out.insert(0, hang.to_finding(self.topology, len(self.topology)))

@@ -15,6 +15,7 @@ import pytest
 from megascope.analyzer import Run
 from megascope.tracer.importers import kineto_gpu
 from megascope.tracer.importers.cli import import_run
+from megascope.tracer.importers.comm_kernels import comm_kernel
 
 BASE_NS = 1_790_857_026_000_000_000
 PID, TID, STREAM, COPY_STREAM = 2451, 2451, 7, 20
@@ -190,3 +191,77 @@ def test_truncated_gpu_trace_keeps_the_readable_rank_and_no_spool(tmp_path: Path
     assert result.ranks == [0] and result.failed_sources == [str(bad)]
     assert set(_kernels(tmp_path / "run")["rank"]) == {0}
     assert not list(spool_root.glob("megascope-kineto-gpu-*"))
+
+
+# ---- communication kernels: one row of comm_kernels' table per name, as profilers have recorded them ----
+COMM_KERNEL_NAMES = [
+    # NCCL >= 2.19
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", ("all_reduce", "collective")),
+    ("ncclDevKernel_AllReduce_Sum_bf16_TREE_LL128(ncclDevKernelArgsStorage<4096ul>)", ("all_reduce", "collective")),
+    ("ncclDevKernel_AllGather_RING_LL(ncclDevKernelArgsStorage<4096ul>)", ("all_gather", "collective")),
+    ("ncclDevKernel_AllGather_PAT_SIMPLE(ncclDevKernelArgsStorage<4096ul>)", ("all_gather", "collective")),
+    ("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)",
+     ("reduce_scatter", "collective")),
+    ("ncclDevKernel_Broadcast_RING_LL(ncclDevKernelArgsStorage<4096ul>)", ("broadcast", "collective")),
+    ("ncclDevKernel_Reduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)", ("reduce", "collective")),
+    ("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", ("send_recv", "p2p")),
+    # NCCL 2.8 - 2.18
+    ("ncclKernel_AllReduce_RING_LL_Sum_float(ncclDevComm*, unsigned long, ncclWork*)", ("all_reduce", "collective")),
+    ("void ncclKernel_AllReduce_RING_LL_Sum_half(ncclDevComm*, unsigned long, ncclWork*)",
+     ("all_reduce", "collective")),
+    ("ncclKernel_AllGather_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", ("all_gather", "collective")),
+    ("ncclKernel_ReduceScatter_RING_LL_Sum_bf16(ncclDevComm*, unsigned long, ncclWork*)",
+     ("reduce_scatter", "collective")),
+    ("ncclKernel_Broadcast_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", ("broadcast", "collective")),
+    ("ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)", ("send_recv", "p2p")),
+    # NCCL <= 2.7
+    ("ncclAllReduceRingLLKernel_sum_f32(ncclColl)", ("all_reduce", "collective")),
+    ("ncclAllReduceTreeLL128Kernel_sum_f16(ncclColl)", ("all_reduce", "collective")),
+    ("ncclAllGatherRingLLKernel_copy_i8(ncclColl)", ("all_gather", "collective")),
+    ("ncclSendRecvKernel_copy_i8(ncclWorkElem)", ("send_recv", "p2p")),
+    # RCCL
+    ("ncclDevKernel_Generic(ncclDevKernelArgsStorage<4096ul>)", ("unknown", "comm")),
+    ("ncclDevKernel_Generic_4(ncclDevKernelArgsStorage<4096ul>)", ("unknown", "comm")),
+    ("ncclDevKernelDebug_Generic(ncclDevKernelArgsStorage<4096ul>)", ("unknown", "comm")),
+    ("ncclKernel_AllToAllPivot_RING_SIMPLE_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*)",
+     ("all_to_all", "collective")),
+    # a future NCCL scheme: still communication, op unknown
+    ("ncclDevKernelV3_AllReduce(ncclDevKernelArgsStorage<8192ul>)", ("unknown", "comm")),
+    # not communication
+    ("ampere_sgemm_64x64_nn", None),
+    ("nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NTT", None),
+    ("void at::native::vectorized_elementwise_kernel<4, at::native::FillFunctor<float>, at::detail::Array<char*, 1> >"
+     "(int, at::native::FillFunctor<float>, at::detail::Array<char*, 1>)", None),
+    ("void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, cutlass::bfloat16_t> >"
+     "(Flash_fwd_params)", None),
+]
+
+
+@pytest.mark.parametrize("name, expected", COMM_KERNEL_NAMES, ids=[n.split("(")[0][:60] for n, _ in COMM_KERNEL_NAMES])
+def test_comm_kernel_names(name: str, expected):
+    assert comm_kernel(name) == expected
+
+
+def test_nccl_kernels_are_marked_and_a_trace_without_any_is_warned(tmp_path: Path, spool_root: Path):
+    """World 2: rank 0's kernels include NCCL >= 2.19 all-reduce and send/recv kernels, rank 1's have
+    none (the trace of a job whose communication the profiler missed): rank 1 gets one warning."""
+    trace, _ = gpu_trace(0)
+    gpu = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    gpu[1]["name"] = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)"
+    gpu[2]["name"] = "ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)"
+    paths = [_write(tmp_path / "trace_rank0.json", trace), _write(tmp_path / "trace_rank1.json", gpu_trace(1)[0])]
+    result = import_run("kineto", paths, tmp_path / "run")
+    got = _kernels(tmp_path / "run")
+    comm = got[got.comm_kind != ""]
+    assert sorted(zip(comm["rank"], comm.comm_op, comm.comm_kind)) == [(0, "all_reduce", "collective"),
+                                                                       (0, "send_recv", "p2p")]
+    assert set(got[got.comm_kind == ""].comm_op) == {""}
+    warned = [w for w in result.warnings if "known NCCL/RCCL communication kernel" in w]
+    assert len(warned) == 1 and warned[0].startswith("rank 1:"), result.warnings
+    manifest = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert [s["comm_kernels"] for s in manifest["import"]["sources"]] == [2, 0]
+
+
+def test_single_process_gpu_trace_without_comm_kernels_is_not_warned(tmp_path: Path, spool_root: Path):
+    result = import_run("kineto", [_write(tmp_path / "trace_rank0.json", gpu_trace(0, world=1)[0])], tmp_path / "run")
+    assert not [w for w in result.warnings if "communication kernel" in w]

@@ -15,7 +15,8 @@
   sequence number), ended at the backend's execution (`gloo:*`/`nccl:*` annotations) so a collective
   spans from its issue to its completion like the tracer's;
 - GPU activity (kernel, gpu_memcpy, gpu_memset) goes to the kernels table with the host time of its
-  launch, joined on the correlation id (kineto_gpu.py).
+  launch, joined on the correlation id (kineto_gpu.py); NCCL/RCCL kernels are marked with their op and
+  kind from one name table (comm_kernels.py), and a multi-rank GPU trace with none is warned about.
 
 Files are streamed (json_stream) one rank per process (`jobs`), each writing its own rank's segments:
 memory is bounded by the per-thread runs of ops, not by the file size.
@@ -75,6 +76,8 @@ class RankTrace:
     gpu_spool: str | None = None
     """Temporary folder of the spooled GPU activity and launches (None: none in the file)."""
     gpu_activities: int = 0
+    comm_kernels: int = 0
+    """GPU kernels recognized as NCCL/RCCL communication (comm_kernels.py), counted while writing."""
 
 
 class _ThreadRuns:
@@ -283,10 +286,16 @@ def convert_rank(trace: RankTrace, rank: int, layout: Layout, writer: RunWriter)
     if outside:
         writer.warn(f"rank {rank}: {outside} span(s) outside every ProfilerStep were left out")
     if trace.gpu_spool:
-        kernels, unlaunched = write_kernels(trace.gpu_spool, rank, base, trace.steps, writer)
+        kernels, unlaunched, comm = write_kernels(trace.gpu_spool, rank, base, trace.steps, writer)
+        trace.comm_kernels = comm
         if unlaunched:
             writer.warn(f"rank {rank}: {unlaunched} of {kernels} GPU activities have no launching runtime call "
                         "in the trace (launch_ns = -1)")
+        if not comm and layout.world > 1:
+            writer.warn(f"rank {rank}: none of its {kernels} GPU activities is a known NCCL/RCCL communication "
+                        "kernel (ncclDevKernel_*, ncclKernel_*, ...; tracer/importers/comm_kernels.py), so its "
+                        "collectives have no GPU side; profile with ProfilerActivity.CUDA while the job "
+                        "communicates, or add its kernels' names to that table")
     writer.flush_rank(rank)
     return written
 
@@ -385,7 +394,8 @@ def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int 
             done[rank] = str(path)
             hosts[rank] = str(trace.meta.get("host_name") or "unknown")
             writer.add_source(path, kind="kineto trace", rank=rank, events=trace.events_read,
-                              gpu_activities=trace.gpu_activities, one_step=rank in one_step)
+                              gpu_activities=trace.gpu_activities, comm_kernels=trace.comm_kernels,
+                              one_step=rank in one_step)
     finally:
         if pool:
             pool.close()

@@ -10,8 +10,10 @@ id by DuckDB (`write_kernels`), which spills to disk, so memory stays bounded.
 
 Rows: the kernels schema (rank, name, stream, correlation, start_ns, end_ns; tracer/schema.py) plus
 `launch_ns` (-1: the launch is not in the trace), `step` (the ProfilerStep#N holding the launch, else
-the kernel's start; -1 outside every step), `kind` (kernel | memcpy | memset), `device` and `bytes`
-(memcpy/memset payload, 0 otherwise). The analyzer's `kernels` view shows the schema columns; the
+the kernel's start; -1 outside every step), `kind` (kernel | memcpy | memset), `device`, `bytes`
+(memcpy/memset payload, 0 otherwise), and for NCCL/RCCL kernels `comm_op` (all_reduce, send_recv, ...)
+and `comm_kind` (collective | p2p | comm), '' for every other row (comm_kernels.py: the name table).
+The analyzer's `kernels` view shows the schema columns; the
 extras are in the segments (`read_parquet('RUN/kernels/rank=*/*.parquet')`).
 """
 
@@ -26,6 +28,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from megascope.tracer.importers.comm_kernels import comm_kernel
+
 GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 _LAUNCH_WORDS = ("Launch", "Memcpy", "Memset", "memcpy", "memset")
@@ -39,7 +43,8 @@ LAUNCH = pa.schema([("correlation", pa.int64()), ("launch", pa.int64())])
 KERNEL_ROWS = pa.schema([("rank", pa.int32()), ("name", pa.string()), ("stream", pa.int64()),
                          ("correlation", pa.int64()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
                          ("launch_ns", pa.int64()), ("step", pa.int64()), ("kind", pa.string()),
-                         ("device", pa.int32()), ("bytes", pa.int64())])
+                         ("device", pa.int32()), ("bytes", pa.int64()), ("comm_op", pa.string()),
+                         ("comm_kind", pa.string())])
 
 
 def is_launch(name: str) -> bool:
@@ -117,9 +122,9 @@ def remove_spool(folder: str | None) -> None:
 
 
 def write_kernels(folder: str, rank: int, base_ns: int, steps: list[tuple[int, int, int]], writer,
-                  batch_rows: int = 262_144) -> tuple[int, int]:
+                  batch_rows: int = 262_144) -> tuple[int, int, int]:
     """Join the spooled activity with its launches, map to the run's clock, write the kernels segments.
-    Returns (rows written, rows without a launch)."""
+    Returns (rows written, rows without a launch, communication kernels)."""
     import duckdb
 
     spool = Path(folder)
@@ -140,7 +145,7 @@ def write_kernels(folder: str, rank: int, base_ns: int, steps: list[tuple[int, i
         numbers = np.array([s[0] for s in order], dtype=np.int64)
         starts = np.array([s[1] for s in order], dtype=np.int64)
         ends = np.array([s[2] for s in order], dtype=np.int64)
-        written = unlaunched = 0
+        written = unlaunched = comm = 0
         for batch in reader:
             cols = {name: batch.column(name).to_numpy(zero_copy_only=False) for name in batch.schema.names}
             launch = cols["launch"].astype(np.int64)
@@ -148,19 +153,32 @@ def write_kernels(folder: str, rank: int, base_ns: int, steps: list[tuple[int, i
             at = np.where(found, launch, cols["start"].astype(np.int64))
             step = _step_of(at, numbers, starts, ends)
             n = len(launch)
+            ops, kinds = _comm_columns(batch.column("name").to_pylist(), cols["kind"])
+            comm += sum(1 for k in kinds if k)
             table = pa.Table.from_arrays([
                 pa.array(np.full(n, rank, dtype=np.int32)), batch.column("name"),
                 pa.array(cols["stream"].astype(np.int64)), pa.array(cols["correlation"].astype(np.int64)),
                 pa.array(cols["start"].astype(np.int64) + base_ns), pa.array(cols["end"].astype(np.int64) + base_ns),
                 pa.array(np.where(found, launch + base_ns, -1)), pa.array(step), batch.column("kind"),
                 pa.array(cols["device"].astype(np.int32)), pa.array(cols["bytes"].astype(np.int64)),
+                pa.array(ops, pa.string()), pa.array(kinds, pa.string()),
             ], schema=KERNEL_ROWS)
             writer.kernels(rank, table)
             written += n
             unlaunched += int(n - found.sum())
-        return written, unlaunched
+        return written, unlaunched, comm
     finally:
         con.close()
+
+
+def _comm_columns(names: list[str], kinds: np.ndarray) -> tuple[list[str], list[str]]:
+    """comm_op and comm_kind of each row ('' for compute kernels, memcpy and memset)."""
+    ops, comm_kinds = [], []
+    for name, kind in zip(names, kinds):
+        found = comm_kernel(name) if kind == "kernel" else None
+        ops.append(found[0] if found else "")
+        comm_kinds.append(found[1] if found else "")
+    return ops, comm_kinds
 
 
 def _step_of(t: np.ndarray, numbers: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Held-out accuracy suite: traces from tests/independent_gen.py (a 1F1B discrete-event generator
+"""Held-out accuracy suite: traces from samples/independent_gen.py (a 1F1B discrete-event generator
 that shares nothing with samples/, the project's own simulator), imported with the real
 `megascope import ndtimeline` and analyzed with the default detectors. Cases: heavy-tailed noise,
 GC pauses on all ranks, faults present from step 0, partial traces (tp rank 0 only, missing
@@ -24,10 +24,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from megascope.analyzer import Run
-from tests.independent_gen import GenSpec, HostPause, Noise, SlowRank, import_run
+from megascope.samples.independent_gen import GenSpec, HostPause, Noise, SlowRank, import_run
 
 TUNED = [0, 1]
 HELD_OUT = [1000, 1001, 1002]

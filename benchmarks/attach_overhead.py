@@ -28,13 +28,13 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # for benchmarks.tracer_overhead
 
 from benchmarks.tracer_overhead import paired_ratio  # noqa: E402
 from megascope import tracer  # noqa: E402
 from megascope.samples.ddp_loop import Mlp  # noqa: E402
+from megascope.samples.distributed import run_distributed  # noqa: E402
 from megascope.tracer.config import TraceConfig  # noqa: E402
-from tests.distributed import run_distributed  # noqa: E402
 
 
 def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> float:

@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megascope.tracer.clock import HostClock  # noqa: E402
-from megascope.tracer.clock_sync import estimate_offsets  # noqa: E402
-from tests.distributed import run_distributed  # noqa: E402
+from megascope.samples.distributed import run_distributed
+from megascope.tracer.clock import HostClock
+from megascope.tracer.clock_sync import estimate_offsets
 
 
 def job(rank: int, world: int, per_host: int, repeat: int, rounds: int) -> dict:

@@ -13,18 +13,16 @@ import contextlib
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from megascope.trainer.config import JobConfig, apply_overrides, micro_batches  # noqa: E402
-from megascope.trainer.modeling.model import GPT  # noqa: E402
-from megascope.trainer.parallel.parallel_dims import ParallelDims  # noqa: E402
-from megascope.trainer.presets import preset  # noqa: E402
-from megascope.trainer.robust.faults import Faults  # noqa: E402
-from tests.distributed import run_distributed  # noqa: E402
+from megascope.samples.distributed import run_distributed
+from megascope.trainer.config import JobConfig, apply_overrides, micro_batches
+from megascope.trainer.modeling.model import GPT
+from megascope.trainer.parallel.parallel_dims import ParallelDims
+from megascope.trainer.presets import preset
+from megascope.trainer.robust.faults import Faults
 
 
 def make_config(args: argparse.Namespace, zero: bool) -> JobConfig:

@@ -10,14 +10,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.distributed import run_distributed  # noqa: E402
+from megascope.samples.distributed import run_distributed
 
 
 def _group_time(rank: int, world: int, method: str, dims_tuple: tuple[int, int, int]) -> float:

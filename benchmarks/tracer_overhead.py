@@ -22,7 +22,6 @@ import faulthandler
 import os
 import signal
 import statistics
-import sys
 import tempfile
 import threading
 import time
@@ -33,18 +32,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megascope import tracer  # noqa: E402
-from megascope.tracer import comm_spans  # noqa: E402
-from megascope.trainer.cli import parse_set  # noqa: E402
-from megascope.trainer.config import JobConfig, TraceConfig, apply_overrides, micro_batches, validate  # noqa: E402
-from megascope.trainer.parallel.parallel_dims import ParallelDims  # noqa: E402
-from megascope.trainer.parallel.parallelize import parallelize  # noqa: E402
-from megascope.trainer.presets import preset  # noqa: E402
-from megascope.trainer.robust.faults import Faults  # noqa: E402
-from megascope.trainer.step import train_step  # noqa: E402
-from tests.distributed import run_distributed  # noqa: E402
+from megascope import tracer
+from megascope.samples.distributed import run_distributed
+from megascope.tracer import comm_spans
+from megascope.trainer.cli import parse_set
+from megascope.trainer.config import JobConfig, TraceConfig, apply_overrides, micro_batches, validate
+from megascope.trainer.parallel.parallel_dims import ParallelDims
+from megascope.trainer.parallel.parallelize import parallelize
+from megascope.trainer.presets import preset
+from megascope.trainer.robust.faults import Faults
+from megascope.trainer.step import train_step
 
 
 def make_config(args: argparse.Namespace) -> JobConfig:

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megascope.analyzer.watch.watcher import WatchConfig, Watcher  # noqa: E402
-from tests.independent_gen import GenSpec, HostPause, Noise, SlowRank, import_run  # noqa: E402
+from megascope.samples.independent_gen import GenSpec, HostPause, Noise, SlowRank, import_run  # noqa: E402
 from tests.watch_feed import Feeder, simulate_steps  # noqa: E402
 
 STEPS = 30
@@ -48,7 +48,7 @@ class Case:
     """Expected finding kind (None: a clean run)."""
     culprit: int | None = None
     gen: GenSpec | None = None
-    """A trace from tests/independent_gen.py (shares nothing with the simulator), imported with
+    """A trace from samples/independent_gen.py (shares nothing with the simulator), imported with
     `megascope import ndtimeline`, instead of a simulated run."""
 
 

@@ -7,7 +7,7 @@ measured one.
 Traces from three sources:
 - sim-*: the project's simulator (`megascope simulate` with and without `--inject`; its draws do not
   depend on the faults, so the twin's noise is identical step by step);
-- gen-*: the independent generator (tests/independent_gen.py, not the project's timing model:
+- gen-*: the independent generator (samples/independent_gen.py, not the project's timing model:
   rendezvous p2p, tp groups that wait for their slowest inside each op, heavy-tailed noise, GC
   pauses, partial traces), imported through `megascope import ndtimeline`; the twin is the same
   spec without the judged fault (every draw shared; another fault stays);
@@ -41,10 +41,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # tests/independent_gen.py is imported as tests.independent_gen
-    sys.path.insert(0, str(ROOT))
-
 
 @dataclass
 class Case:
@@ -73,7 +69,7 @@ def _gen(name: str, kind: str, spec_fn: Callable[[], object], what: str) -> Case
     def make(tmp: Path) -> tuple[Path, Path]:
         from dataclasses import replace
 
-        from tests.independent_gen import import_run
+        from megascope.samples.independent_gen import import_run
         spec = spec_fn()
         with contextlib.redirect_stdout(sys.stderr):  # the importer's "imported ..." lines: not the table
             return (import_run(spec, tmp / "faulty"),
@@ -85,7 +81,7 @@ def _gen(name: str, kind: str, spec_fn: Callable[[], object], what: str) -> Case
 
 
 def _gen_spec(**kw):
-    from tests.independent_gen import GenSpec, Noise, SlowRank
+    from megascope.samples.independent_gen import GenSpec, Noise, SlowRank
     faults = kw.pop("faults")
     noise = Noise(**kw.pop("noise", {}))
     return GenSpec(noise=noise, faults=[SlowRank(**f) for f in faults], **kw)

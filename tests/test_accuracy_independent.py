@@ -1,4 +1,4 @@
-"""The independent trace generator (tests/independent_gen.py) through the real importer, and the
+"""The independent trace generator (samples/independent_gen.py) through the real importer, and the
 analyzer's verdicts on its traces (the cases of issue 13; the full held-out suite is
 benchmarks/accuracy_independent.py)."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer import Run
-from tests.independent_gen import GenSpec, Noise, SlowRank, import_run, trace_frame, true_step_times
+from megascope.samples.independent_gen import GenSpec, Noise, SlowRank, import_run, trace_frame, true_step_times
 
 
 def _verdicts(spec: GenSpec, tmp: Path) -> list[tuple[str, list[int]]]:

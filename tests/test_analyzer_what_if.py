@@ -361,12 +361,12 @@ def test_what_if_matches_the_fault_free_twin_of_a_simulated_run(simulated_run):
 
 
 def test_what_if_matches_the_twin_of_an_independent_trace(tmp_path):
-    # the independent generator (tests/independent_gen.py) through the NDTimeline importer: tp groups
+    # the independent generator (samples/independent_gen.py) through the NDTimeline importer: tp groups
     # that wait for their slowest inside each op (the peer's span ends with the straggler's),
     # rendezvous sends, a job-wide sync between steps. Measured errors: -0.34% and -0.08% here;
     # tolerance 1%. Without fixing the tp peer's spans along with the slow GPU's the first is +17.7%
     # (the case 6 was credited 0.0%); with the sends taken as async the second is +11.7%
-    from tests.independent_gen import GenSpec, SlowRank, import_run
+    from megascope.samples.independent_gen import GenSpec, SlowRank, import_run
     specs = [GenSpec(dp=2, tp=2, pp=1, steps=12, micro=4, seed=2,
                      faults=[SlowRank(dp=1, stage=0, tp=1, fwd=1.2, bwd=1.2, first=4)]),
              GenSpec(dp=2, tp=2, pp=4, steps=12, micro=4, seed=3, traced="tp0",

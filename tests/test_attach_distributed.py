@@ -18,9 +18,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.nn.parallel import DistributedDataParallel
 
 from megascope import tracer
+from megascope.samples.distributed import run_distributed
 from megascope.tracer import comm
 from megascope.tracer.config import TraceConfig
-from tests.distributed import run_distributed
 
 pytestmark = pytest.mark.slow
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from megascope.samples.distributed import run_distributed
 from megascope.trainer.config import JobConfig
 from megascope.trainer.robust import checkpoint as ck
-from tests.distributed import run_distributed
 
 STEPS, SAVE_AT = 4, 2
 

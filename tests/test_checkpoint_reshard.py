@@ -14,9 +14,9 @@ import sys
 import pytest
 import torch
 
+from megascope.samples.distributed import run_distributed
 from megascope.trainer.config import JobConfig
 from megascope.trainer.robust import checkpoint as ck
-from tests.distributed import run_distributed
 from tests.run_steps import losses
 
 STEPS, SAVE_AT = 6, 3

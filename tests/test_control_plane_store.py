@@ -16,12 +16,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from megascope.samples.distributed import free_port
 from megascope.tracer import control_store
 from megascope.tracer.control_store import ControlStore
 from megascope.trainer.config import RobustConfig
 from megascope.trainer.robust.heartbeat import Heartbeat, read_heartbeats
 from megascope.trainer.robust.supervisor import ControlPlaneHost, Supervisor
-from tests.distributed import free_port
 
 WORLD, FROZEN = 3, 2
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from megascope.samples.distributed import run_distributed
 from megascope.trainer.config import JobConfig
 from megascope.trainer.data import (
     DEFAULT_CORPUS_BYTES,
@@ -20,7 +21,6 @@ from megascope.trainer.data import (
     load_tokens,
 )
 from megascope.trainer.parallel.parallel_dims import ParallelDims
-from tests.distributed import run_distributed
 
 SEQ = 16
 

@@ -8,11 +8,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from megascope.samples.distributed import run_distributed
 from megascope.tracer import comm
 from megascope.trainer.config import ModelConfig, ParallelConfig, TrainConfig
 from megascope.trainer.parallel.data_parallel import DistributedOptimizer
 from megascope.trainer.parallel.parallel_dims import ParallelDims
-from tests.distributed import run_distributed
 
 GLOBAL_BATCH = 8
 MICRO_BATCH = 2

@@ -14,9 +14,9 @@ import torch.distributed as dist
 
 from megascope.analyzer import Run
 from megascope.cli import main
+from megascope.samples.distributed import run_distributed
 from megascope.tracer.importers.cli import import_run
 from megascope.tracer.importers.writer import ImportInputError
-from tests.distributed import run_distributed
 
 HAS_FR = hasattr(torch._C._distributed_c10d, "_dump_fr_trace")
 

@@ -129,7 +129,7 @@ def _verdicts(run_dir: Path) -> list[tuple[str, list[int]]]:
 
 
 def _round_trip(tmp_path: Path, job) -> tuple[list, list, Path]:
-    from tests.distributed import run_distributed
+    from megascope.samples.distributed import run_distributed
 
     traces, traced = tmp_path / "traces", tmp_path / "traced"
     traces.mkdir()

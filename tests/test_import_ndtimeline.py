@@ -208,7 +208,7 @@ def test_missing_worker_and_wrong_format(tmp_path: Path, capsys):
 def _cp_trace(tmp: Path, slow: list | None = None) -> tuple[Path, Path]:
     """A dp=4 x cp=2 x tp=1 x pp=2 job (16 ranks) from the independent generator, and its job file
     written as a real one is: NDTimeline's keys among others, nested blocks, a null."""
-    from tests.independent_gen import GenSpec, write_ndtimeline
+    from megascope.samples.independent_gen import GenSpec, write_ndtimeline
 
     spec = GenSpec(dp=4, tp=1, pp=2, cp=2, steps=12, micro=4, seed=5, faults=slow or [])
     src = write_ndtimeline(spec, tmp / "trace")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from megascope.samples.distributed import run_distributed
 from megascope.trainer.optimizers import LAMB_EPS, AdamW, Lamb, ShardLayout
-from tests.distributed import run_distributed
 
 BETAS = (0.9, 0.95)
 WD = 0.1

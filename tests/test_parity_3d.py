@@ -13,10 +13,10 @@ import math
 import pytest
 import torch
 
+from megascope.samples.distributed import run_distributed
 from megascope.trainer.config import JobConfig, micro_batches
 from megascope.trainer.lr_schedule import learning_rate
 from megascope.trainer.modeling.model import GPT
-from tests.distributed import run_distributed
 
 STEPS = 10
 BASE = {

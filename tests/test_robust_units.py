@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 
+from megascope.samples.distributed import run_distributed
 from megascope.trainer.config import RobustConfig
 from megascope.trainer.robust.heartbeat import Heartbeat, read_heartbeats
 from megascope.trainer.robust.self_check import decide, low_outliers
 from megascope.trainer.robust.supervisor import Supervisor, stall_suspects
-from tests.distributed import run_distributed
 
 
 def write_beat(run_dir, rank, seq, step, status="training", pid=None, restart=0, host="h0", event=None):

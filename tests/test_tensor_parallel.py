@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from megascope.samples.distributed import run_distributed
 from megascope.trainer.config import ModelConfig
 from megascope.trainer.modeling.model import GPT
 from megascope.trainer.parallel.parallel_dims import ParallelDims
 from megascope.trainer.parallel.tensor_parallel import apply_tp, full_tensor, sync_tp_grads
-from tests.distributed import run_distributed
 
 SMALL = dict(vocab_size=64, n_layers=2, hidden=32, n_heads=4, seq_len=16, ffn_mult=2)
 

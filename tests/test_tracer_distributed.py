@@ -11,10 +11,10 @@ import torch
 import torch.distributed as dist
 
 from megascope import tracer
+from megascope.samples.distributed import run_distributed
 from megascope.tracer import comm
 from megascope.tracer.config import TraceConfig
 from megascope.tracer.run_dir import read_manifest, write_manifest
-from tests.distributed import run_distributed
 
 pytestmark = pytest.mark.slow
 

@@ -1,7 +1,7 @@
 """An independent generator of 3D-parallel training traces, for accuracy tests that do not come from
-the project's own timing model (samples/ is not used): a discrete-event replay of Megatron's 1F1B
-schedule with blocking, rendezvous p2p transfers, written as NDTimeline-style Parquet plus a job file,
-so every case goes through the importer a user runs (`megascope import ndtimeline`).
+the project's own timing model (it shares no code with the simulator beside it): a discrete-event
+replay of Megatron's 1F1B schedule with blocking, rendezvous p2p transfers, written as NDTimeline-style
+Parquet plus a job file, so every case goes through the importer a user runs (`megascope import ndtimeline`).
 
 Model (per step; every step ends with a job-wide sync, so steps are computed for all steps at once):
 - ranks in Megatron order tp, cp, dp, pp; the tp x cp ranks of one (dp replica, stage) form a group
@@ -137,9 +137,10 @@ class _Draws:
     gc_mb: np.ndarray  # (S, D, P, G) the forward it precedes
     p2p: np.ndarray   # (S, D, P, M, 2) transfer factors (boundary below stage p, F/B)
     opt: np.ndarray   # (S, D, P, G)
-    pause: np.ndarray = None      # (S, D, P, G) host pauses of HostPause faults (drawn from their own streams)
-    pause_mb: np.ndarray = None
-    pause_recorded: np.ndarray = None
+    # (S, D, P, G) host pauses of HostPause faults (drawn from their own streams; set with the others)
+    pause: np.ndarray = field(default_factory=lambda: np.empty(0))
+    pause_mb: np.ndarray = field(default_factory=lambda: np.empty(0, int))
+    pause_recorded: np.ndarray = field(default_factory=lambda: np.empty(0, bool))
 
 
 def _piece_noise(rng: np.random.Generator, n: Noise, shape: tuple[int, ...]) -> np.ndarray:

@@ -1,4 +1,7 @@
-"""Run a function on a real multi-process gloo group and collect each rank's return value."""
+"""Run a function on a real multi-process gloo group and collect each rank's return value.
+
+Used by the tests and the benchmarks; it lives in the package (megascope.samples) so that a benchmark
+script imports it without editing sys.path."""
 
 from __future__ import annotations
 

@@ -119,7 +119,8 @@ def test_dead_webhook_does_not_hold_the_watcher(straggler_run, tmp_path):
     feeder.feed(feeder.total)
     logged: list[str] = []
     watcher = Watcher(live, WatchConfig(webhook=f"http://127.0.0.1:{port}/", summary=False), log=logged.append)
-    hook = watcher.sinks[-1]
+    hook = watcher.webhook
+    assert hook is not None
     assert watcher.poll()
     watcher.finish()
     # every record reached the file while the webhook thread was still retrying the first one

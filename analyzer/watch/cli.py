@@ -8,6 +8,7 @@ import urllib.parse
 
 from megascope.analyzer.report.analyze_cli import positive_int, settings_of
 from megascope.analyzer.settings import WATCH_WINDOW, SettingsError
+from megascope.analyzer.watch.control import is_loopback
 from megascope.cli import DefaultsHelpFormatter
 
 
@@ -31,7 +32,14 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--on-finding", metavar="CMD", help="run CMD (no shell) for each record: JSON on stdin, "
                                                        "MEGASCOPE_EVENT/KIND/SUMMARY in the environment")
     p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                   help="serve Prometheus /metrics on 127.0.0.1:PORT (0: any free port; default: off)")
+                   help="the watcher's HTTP port (0: any free port; default: off): Prometheus /metrics, /status "
+                        "(what it follows, how far behind it is) and /settings (GET; POST JSON to change window, "
+                        "webhook and detector settings while it runs; docs/watch.md)")
+    p.add_argument("--bind", default="127.0.0.1", metavar="ADDR",
+                   help="address of the HTTP port; any address but loopback needs --token-file")
+    p.add_argument("--token-file", metavar="FILE",
+                   help="file holding a secret every HTTP request must send as 'Authorization: Bearer SECRET' "
+                        "(read from a file, not the command line, which other users can see)")
     p.add_argument("--idle-exit", type=float, default=None, metavar="SECONDS",
                    help="stop (with the final verdict) after this long without a new segment: for runs whose "
                         "run.json names no step count, or that hung")
@@ -60,7 +68,24 @@ def check_args(args: argparse.Namespace) -> str | None:
         settings_of(args.settings)
     except SettingsError as exc:
         return str(exc)
+    if not is_loopback(args.bind) and not args.token_file:
+        return (f"--bind {args.bind} serves the watcher's settings beyond this host: give --token-file FILE "
+                "(a secret clients send as 'Authorization: Bearer SECRET'), or keep the default 127.0.0.1")
     return None
+
+
+def read_token(path: str | None) -> str | None:
+    """The secret in --token-file (stripped); ValueError (one line) when it cannot be read or is empty."""
+    if path is None:
+        return None
+    try:
+        token = open(path, encoding="utf-8").read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--token-file {path}: cannot read it ({exc})") from None
+    if not token or any(c.isspace() for c in token):
+        raise ValueError(f"--token-file {path}: expected one secret without spaces, e.g. from "
+                         "`python -c 'import secrets; print(secrets.token_urlsafe())'`")
+    return token
 
 
 def run(args: argparse.Namespace) -> int:
@@ -70,7 +95,11 @@ def run(args: argparse.Namespace) -> int:
     from megascope.analyzer.data.store import RunOpenError
     from megascope.analyzer.watch.watcher import WatchConfig, Watcher
     from megascope.tracer.storage import is_url
-    problem = check_args(args)
+    problem, token = check_args(args), None
+    try:
+        token = read_token(args.token_file)
+    except ValueError as exc:
+        problem = problem or str(exc)
     path, follower = Path(args.run_dir), None
     if problem is None and is_url(args.run_dir):  # a URL: watch its local mirror, synced every --poll
         try:
@@ -88,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cfg = WatchConfig(window=args.window, poll_s=args.poll, webhook=args.webhook, on_finding=args.on_finding,
                       metrics_port=args.metrics_port, idle_exit_s=args.idle_exit, summary=not args.no_summary,
-                      threads=args.threads, settings=settings_of(args.settings))
+                      threads=args.threads, settings=settings_of(args.settings), bind=args.bind, token=token,
+                      follows=args.run_dir if follower is not None else None)
     try:
         watcher = Watcher(path, cfg)
     except OSError as exc:

@@ -1,4 +1,4 @@
-"""The watcher's Prometheus metrics (served on 127.0.0.1 by `megascope watch --metrics-port`).
+"""The watcher's Prometheus metrics (served on its HTTP port, watch/control.py: `megascope watch --metrics-port`).
 
 Cardinality stays bounded at any job size: per-stage aggregates (pp series) and one straggler-score
 series per rank that an open finding names, removed when the finding ends; never a series per rank.
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import math
 import time
-from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from megascope.analyzer.findings import CULPRIT_KINDS, KINDS, Finding
 
@@ -86,8 +85,3 @@ class WatchMetrics:
         for label, value in scored.items():
             self.score.labels(*label).set(value)
         self._scored = set(scored)
-
-    def serve(self, port: int, addr: str = "127.0.0.1") -> WSGIServer:
-        """Start /metrics on addr:port (a daemon thread); returns the server (its .server_port)."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        return server

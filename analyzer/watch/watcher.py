@@ -32,6 +32,7 @@ from megascope.analyzer.findings import Finding
 from megascope.analyzer.report.build import json_safe
 from megascope.analyzer.run import Run
 from megascope.analyzer.settings import WATCH_WINDOW, AnalyzerSettings
+from megascope.analyzer.watch.control import ControlApp, serve
 from megascope.analyzer.watch.metrics import WatchMetrics
 from megascope.analyzer.watch.sinks import (
     BackgroundSink,
@@ -65,6 +66,12 @@ class WatchConfig:
     """Default RUN/findings.jsonl."""
     settings: AnalyzerSettings = field(default_factory=AnalyzerSettings)
     """The detectors' thresholds (`--set`), as `megascope analyze` takes them."""
+    bind: str = "127.0.0.1"
+    """Address of the HTTP port (metrics_port): /metrics, /status, /settings (watch/control.py)."""
+    token: str | None = None
+    """Secret every HTTP request must send (`Authorization: Bearer ...`); required off loopback."""
+    follows: str | None = None
+    """What the watcher follows when it is not `run_dir` itself (an object-store URL mirrored there)."""
 
 
 @dataclass
@@ -78,6 +85,14 @@ class WatchState:
     failing: int = 0
     """Ticks failed in a row: the next try waits poll_s x 2^(failing-1), at most MAX_RETRY_S."""
     retry_at: float = 0.0
+    ticks: int = 0
+    last_tick_at: float | None = None
+    lag_s: float | None = None
+    """From the newest segment of the last tick landing to that tick done."""
+    pending_since: float | None = None
+    """When the polls first saw segments or in-flight records that no tick has taken in yet."""
+    pending: int = 0
+    """Segments (and in-flight changes) seen at the last poll and not yet taken in."""
 
 
 class Watcher:
@@ -93,15 +108,22 @@ class Watcher:
         self.segment_steps = SegmentSteps()
         self.server: WSGIServer | None = None  # /metrics, when metrics_port is set
         self.sinks: list[Any] = [StdoutSink(out), JsonlSink(self.cfg.findings_file or self.path / rd.FINDINGS_FILE)]
-        if self.cfg.webhook:
-            self.sinks.append(BackgroundSink("webhook", post_json(self.cfg.webhook), self.log))
         if self.cfg.on_finding:
             self.sinks.append(BackgroundSink("on-finding", run_command(self.cfg.on_finding), self.log))
+        self.webhook: BackgroundSink | None = None
+        if self.cfg.webhook:
+            self.webhook = BackgroundSink("webhook", post_json(self.cfg.webhook), self.log)
+        self.started_at = time.monotonic()
+        self._changing = threading.Lock()
         self.run_id = "?"
         self._waiting = False
         self._restore()
         self.records: list[Record] = []
         """Every record sent, in order (tests and the final summary read it)."""
+        if self.cfg.metrics_port is not None:  # OSError when the port is taken: the CLI says so
+            self.server = serve(ControlApp(self, self.cfg.token), self.cfg.bind, self.cfg.metrics_port)
+            self.log(f"metrics, status and settings on http://{self.cfg.bind}:{self.server.server_port} "
+                     "(/metrics, /status, /settings)")
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self, stop: threading.Event | None = None) -> int:
@@ -154,6 +176,9 @@ class Watcher:
         segments, inflight = self._listing()
         now = time.monotonic()
         changed = segments != self.state.signature or inflight != self.state.inflight
+        self.state.pending = len(segments - self.state.signature) + (inflight != self.state.inflight)
+        if self.state.pending and self.state.pending_since is None:
+            self.state.pending_since = now
         if changed and now >= self.state.retry_at:
             new = segments - self.state.signature
             self.state.signature, self.state.changed_at = segments, now
@@ -171,7 +196,7 @@ class Watcher:
                     self.metrics.errors.inc()
                 self.log(f"tick failed ({type(exc).__name__}: {exc}); retrying in {delay:g} s")
                 return False
-            self.state.failing = 0
+            self.state.failing, self.state.pending, self.state.pending_since = 0, 0, None
         progress = self.state.progress
         if progress is not None and progress.finished:
             return True
@@ -194,14 +219,17 @@ class Watcher:
             m.step_advanced(step)
             if self.cfg.summary:  # the dashboard's heatmap: extended from the new steps only
                 Run.open(self.path, threads=self.cfg.threads).refresh_summary()
-        window = analyze_window(self.path, step - self.cfg.window + 1, step, self.cfg.threads, self.segment_steps,
-                                self.cfg.settings)
+        cfg = self.cfg  # one tick, one config: a change over HTTP takes effect from the next tick
+        window = analyze_window(self.path, step - cfg.window + 1, step, cfg.threads, self.segment_steps, cfg.settings)
         self.state.analyzed_step, self.state.inflight = step, inflight
         for change in self.tracker.update(window.findings, step):
             self._send(change.event, change.finding, change.at_step)
         self._window_metrics(m, window, step)
         m.ticks.inc()
-        m.lag.set(max(0.0, time.time() - max((_mtime(self.path / p) for p in new_segments), default=time.time())))
+        self.state.lag_s = max(0.0, time.time() - max((_mtime(self.path / p) for p in new_segments),
+                                                      default=time.time()))
+        m.lag.set(self.state.lag_s)
+        self.state.ticks, self.state.last_tick_at = self.state.ticks + 1, time.monotonic()
 
     def _finish_logged(self) -> int:
         try:
@@ -235,10 +263,10 @@ class Watcher:
             self.metrics.open_findings(list(self.tracker.open.values()))
         how = "finished" if finished else "idle"
         self.log(f"run {how} at step {step}: {len(final)} finding(s), {len(self.tracker.open)} still open; "
-                 f"records in {self._findings_path()}")
+                 f"records in {self.findings_path()}")
 
     def close(self) -> None:
-        for sink in self.sinks:
+        for sink in self._all_sinks():
             sink.close()
         if self.server is not None:
             self.server.shutdown()
@@ -250,7 +278,7 @@ class Watcher:
         """A watcher restarted on the same run picks up the open findings from findings.jsonl, so
         it does not page again for what it already announced (each start without its end is open)."""
         try:
-            lines = self._findings_path().read_text(encoding="utf-8").splitlines()
+            lines = self.findings_path().read_text(encoding="utf-8").splitlines()
         except (OSError, UnicodeDecodeError):
             return
         skipped = 0
@@ -270,7 +298,7 @@ class Watcher:
             elif event == "end":
                 self.tracker.open.pop(key, None)
         if skipped:
-            self.log(f"skipped {skipped} unreadable line(s) of {self._findings_path()}")
+            self.log(f"skipped {skipped} unreadable line(s) of {self.findings_path()}")
         if self.tracker.open:
             self.log(f"{len(self.tracker.open)} finding(s) still open from an earlier watcher of this run")
 
@@ -280,7 +308,7 @@ class Watcher:
         self.records.append(record)
         if self.metrics is not None and event == "start":
             self.metrics.announced(finding.kind)
-        for sink in self.sinks:
+        for sink in self._all_sinks():
             try:
                 sink.send(record)
             except Exception as exc:  # a full disk or closed stdout: the other sinks still get it
@@ -304,13 +332,25 @@ class Watcher:
             store = Store(self.path, threads=self.cfg.threads)
             self.run_id = str(store.manifest.get("run_id") or self.path.name)
             self.metrics = WatchMetrics(self.run_id)
-            if self.cfg.metrics_port is not None:
-                self.server = self.metrics.serve(self.cfg.metrics_port)
-                self.log(f"metrics on http://127.0.0.1:{self.server.server_port}/metrics")
             self.follower = ProgressFollower(self.path, store.manifest)
         return self.follower
 
-    def _findings_path(self) -> Path:
+    def _all_sinks(self) -> list[Any]:
+        webhook = self.webhook  # read once: an HTTP change may swap it meanwhile
+        return self.sinks + ([webhook] if webhook is not None else [])
+
+    def reconfigure(self, cfg: WatchConfig) -> None:
+        """Take `cfg` (window, webhook, settings changed over HTTP) from the next tick on. A new webhook
+        replaces the old one, whose queued records are still delivered (its close runs aside)."""
+        with self._changing:
+            old_cfg, old_hook, self.cfg = self.cfg, self.webhook, cfg
+            self.tracker.end_after = cfg.settings.detect.straggler.max_gap + 1
+            if cfg.webhook != old_cfg.webhook:
+                self.webhook = BackgroundSink("webhook", post_json(cfg.webhook), self.log) if cfg.webhook else None
+                if old_hook is not None:
+                    threading.Thread(target=old_hook.close, name="megascope-old-webhook", daemon=True).start()
+
+    def findings_path(self) -> Path:
         return self.cfg.findings_file or self.path / rd.FINDINGS_FILE
 
     def _listing(self) -> tuple[frozenset, frozenset]:

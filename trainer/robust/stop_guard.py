@@ -21,9 +21,10 @@ from pathlib import Path
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 DEADLINE_S = 10.0
-"""The orderly stop takes ~4 s in a two-node job whose peer is lost (the agent stops its ranks, the
-supervisor and the control store close; measured in namespaces, tests/test_multinode.py); 10 s leaves
-room for a loaded 2-core box."""
+"""The orderly stop took 3.7 s in a two-node job waiting in the rendezvous for a lost peer (the agent
+stops its ranks, the supervisor and the control store close; namespaces on the 2-core box); 10 s leaves
+room for load. SIGTERM while the agent was still stopping its group after the peer's loss once did not
+end in 10 s, and the guard ended it at 10.1 s (tests/test_multinode.py)."""
 
 
 def descendants(pid: int) -> list[int]:

@@ -212,3 +212,5 @@ def test_replacement_node_continues_from_the_last_checkpoint(tmp_path: Path) -> 
     assert [i["attempt"] for i in incidents if i["kind"] == "restart"] == [1]  # recorded once, by node 0
     steps = megascope("analyze", "--json", str(tmp_path / "lost"))
     assert steps.returncode == 0 and json.loads(steps.stdout)["run"]["steps"] == 60, steps.stderr[-2000:]
+    text = megascope("analyze", str(tmp_path / "lost")).stdout
+    assert "node_lost: node1 lost: ranks 2, 3 ended without a final heartbeat" in text, text[-3000:]

@@ -214,3 +214,38 @@ def test_replacement_node_continues_from_the_last_checkpoint(tmp_path: Path) -> 
     assert steps.returncode == 0 and json.loads(steps.stdout)["run"]["steps"] == 60, steps.stderr[-2000:]
     text = megascope("analyze", str(tmp_path / "lost")).stdout
     assert "node_lost: node1 lost: ranks 2, 3 ended without a final heartbeat" in text, text[-3000:]
+
+
+SYNC = """
+import json, sys
+import torch.distributed as dist
+from megascope.tracer.clock import HostClock
+from megascope.tracer.clock_sync import estimate_offsets
+
+rank, world, skew_ns = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+dist.init_process_group("gloo", init_method="tcp://node0:29500", rank=rank, world_size=world)
+result = estimate_offsets(HostClock(skew_ns=skew_ns), rounds=8)  # hosts told apart by their real names
+print(json.dumps({"offsets": result.offsets_ns, "delays": result.delays_ns, "hosts": result.hosts}))
+dist.destroy_process_group()
+"""
+SKEW_NS = {0: 0, 1: 3_000_000_000, 2: -7_000_000_000}
+
+
+def test_clock_skew_between_hosts_is_recovered(tmp_path: Path) -> None:
+    """Each host's timestamps are offset (namespaces share the kernel's clock, so the skew is added to
+    one host's epoch reading, as a host with a wrong clock would read it); the two-level ping-pong over
+    the hosts' links finds each offset within its own bound, half the winning round trip."""
+    with netns.Cluster(3) as cluster:
+        procs = [h.popen([sys.executable, "-c", SYNC, str(h.index), "3", str(SKEW_NS[h.index])], env=h.env(),
+                         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                 for h in cluster.hosts]
+        outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], [err[-2000:] for _, err in outs]
+    for out, _ in outs:
+        result = json.loads(out)
+        assert result["hosts"] == 3, result  # told apart by their hostnames: the exchanges cross the links
+        for r, skew in SKEW_NS.items():
+            bound = result["delays"][str(r)] / 2 + 1_000_000  # + 1 ms: each process's epoch reading
+            assert abs(result["offsets"][str(r)] - skew) <= bound, (r, result)
+    print("clock skew recovered within (ns):", [abs(json.loads(out)["offsets"][str(r)] - s)
+                                               for out, _ in outs[:1] for r, s in SKEW_NS.items()])

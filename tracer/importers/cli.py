@@ -2,7 +2,7 @@
 
     megascope import kineto traces/rank*.json.gz --out runs/prof [--dp 4 --tp 2 --pp 2] [--jobs 2]
     megascope import ndtimeline dump/*.parquet --meta job.yaml --out runs/ndt [--cp 2] [--column start_ts=begin]
-    megascope import flight-recorder dumps/nccl_trace_rank_* --out runs/hang [--dp ...]
+    megascope import flight-recorder dumps/nccl_trace_rank_* --out runs/hang [--dp ...] [--job TEXT]
 
 Exit codes: 0 imported; 2 bad input (one line per problem on stderr, no traceback). When some inputs
 are unreadable the readable ranks are still imported (the run is usable) and the exit code is 2.
@@ -40,15 +40,17 @@ def import_run(fmt: str, sources: list[str | Path], out: str | Path, dp: int | N
                tp: int | None = None, pp: int | None = None, vpp: int | None = None,
                columns: dict[str, str] | None = None, jobs: int = 1,
                progress: Callable[[str, int, int], None] | None = None, cp: int | None = None,
-               meta: str | Path | None = None) -> ImportResult:
+               meta: str | Path | None = None, job: str | None = None) -> ImportResult:
     """Import `sources` of format `fmt` into the new run directory `out` (nothing is left there when it
     fails). Raises ImportInputError. `cp` (context parallel size) and `meta` (an NDTimeline job file)
-    are read by the ndtimeline importer."""
+    are read by the ndtimeline importer; `job` (text of one job's file names) by the flight-recorder one."""
     module = FORMATS.get(fmt)
     if module is None:
         raise ImportInputError(f"unknown format '{fmt}'; use one of: kineto, ndtimeline, flight-recorder")
     if module != "ndtimeline" and ((cp or 1) > 1 or meta):
         raise ImportInputError(f"--cp and --meta are read by the ndtimeline importer only, not by {fmt}")
+    if job is not None and module != "flight_recorder":
+        raise ImportInputError(f"--job is read by the flight-recorder importer only, not by {fmt}")
     if meta and not Path(meta).is_file():
         raise ImportInputError(f"--meta {meta}: no such file; pass the job's NDTimeline job file (YAML)")
     paths = _expand(sources)
@@ -56,7 +58,7 @@ def import_run(fmt: str, sources: list[str | Path], out: str | Path, dp: int | N
                        progress=progress)
     try:
         ranks, failed = _convert(module, paths, writer, dp, tp, pp, vpp, columns or {}, jobs, cp,
-                                 Path(meta) if meta else None)
+                                 Path(meta) if meta else None, job)
     except BaseException:  # any failure, Ctrl-C included: no half-written run
         writer.abort()
         raise
@@ -65,7 +67,7 @@ def import_run(fmt: str, sources: list[str | Path], out: str | Path, dp: int | N
 
 def _convert(module: str, paths: list[Path], writer: RunWriter, dp: int | None, tp: int | None, pp: int | None,
              vpp: int | None, columns: dict[str, str], jobs: int, cp: int | None = None,
-             meta: Path | None = None) -> tuple[list[int], list[str]]:
+             meta: Path | None = None, job: str | None = None) -> tuple[list[int], list[str]]:
     """Run the format's importer into `writer` and finish the run; returns the ranks imported and the
     unreadable inputs."""
     failed: list[str] = []
@@ -82,7 +84,7 @@ def _convert(module: str, paths: list[Path], writer: RunWriter, dp: int | None, 
     else:
         from megascope.tracer.importers.flight_recorder import import_flight_recorder
 
-        layout, ranks, failed, extra = import_flight_recorder(paths, writer, dp, tp, pp, vpp)
+        layout, ranks, failed, extra, hosts = import_flight_recorder(paths, writer, dp, tp, pp, vpp, job=job)
     if not ranks:
         raise ImportInputError("nothing could be imported: " + "; ".join(writer.warnings or ["no ranks found"]))
     writer.finish(layout, ranks, {"dp": dp, "tp": tp, "pp": pp, "vpp": vpp, "cp": cp, "columns": columns},
@@ -143,6 +145,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--column", action="append", default=[], metavar="OURS=THEIRS",
                    help="ndtimeline: read our column OURS from the file's column THEIRS (renamed columns)")
     p.add_argument("--jobs", type=int, default=1, help="kineto: files parsed in parallel (processes)")
+    p.add_argument("--job", default=None, metavar="TEXT",
+                   help="flight-recorder: when the dumps come from several jobs (told apart by their file names), "
+                        "import the one whose file names contain TEXT (default: refuse and list the jobs)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,7 +164,8 @@ def run(args: argparse.Namespace) -> int:
     try:  # a URL: imported into a local staging folder, uploaded whole when complete
         out = stage_for(url, hint="pass a new --out prefix") if url else args.out
         result = import_run(args.format, args.sources, out, args.dp, args.tp, args.pp, args.vpp,
-                            _column_map(args.column), jobs=args.jobs, progress=bar, cp=args.cp, meta=args.meta)
+                            _column_map(args.column), jobs=args.jobs, progress=bar, cp=args.cp, meta=args.meta,
+                            job=args.job)
         if url:
             publish(result.out, url)
     except (ImportInputError, ValueError, OSError) as exc:

@@ -3,13 +3,15 @@
     from megascope.analyzer import Run, Finding
     run = Run.open("runs/sim")
     run.mfu().per_step; run.findings(); run.critical_path(step=10)
+    build_report(run)  # the `megascope analyze --json` object, built from the Run (never the other way)
 """
 
 from megascope.analyzer.data.store import RunOpenError
 from megascope.analyzer.detect.hangs import HangReport
 from megascope.analyzer.findings import Finding
+from megascope.analyzer.report.build import build_report
 from megascope.analyzer.run import Run
 from megascope.analyzer.views.heatmap import Heatmap
 from megascope.analyzer.views.mfu import MfuTimeline
 
-__all__ = ["Run", "Finding", "HangReport", "Heatmap", "MfuTimeline", "RunOpenError"]
+__all__ = ["Run", "Finding", "HangReport", "Heatmap", "MfuTimeline", "RunOpenError", "build_report"]

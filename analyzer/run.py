@@ -30,9 +30,9 @@ from megascope.analyzer.graph.what_if import what_if
 from megascope.analyzer.settings import AnalyzerSettings, DetectSettings
 from megascope.analyzer.views.heatmap import Heatmap, heatmap
 from megascope.analyzer.views.incidents import read_incidents, recovery_times
+from megascope.analyzer.views.live_findings import LiveFinding, read_live_findings
 from megascope.analyzer.views.mfu import MfuTimeline, mfu_timeline
 from megascope.analyzer.views.self_check_records import read_self_checks
-from megascope.analyzer.watch.live import LiveFinding, read_live_findings
 from megascope.tracer.run_dir import FINDINGS_FILE
 
 
@@ -263,8 +263,3 @@ class Run:
     def what_if(self, finding: Finding) -> dict:
         """Step time if the culprit behaved like its peers, and the throughput lost to the finding."""
         return what_if(self.store, finding)
-
-    def report(self, with_what_if: bool = True) -> dict:
-        """The `megascope analyze --json` object."""
-        from megascope.analyzer.report.build import build_report
-        return build_report(self, with_what_if=with_what_if)

@@ -144,8 +144,8 @@ def engines(out: Path) -> list[tuple[str, str, str, str, str]]:
 
 
 def phases(run_dir: str) -> dict[str, tuple[float, float]]:
-    """Per-phase (wall s, CPU s) of Run.report() on a fresh Run (called in a child process)."""
-    from megascope.analyzer.run import Run
+    """Per-phase (wall s, CPU s) of build_report(run) on a fresh Run (called in a child process)."""
+    from megascope.analyzer import Run, build_report
 
     def cpu() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
@@ -172,7 +172,7 @@ def phases(run_dir: str) -> dict[str, tuple[float, float]]:
         det.detect = timed(f"detect: {type(det).__name__}", det.detect)
     run.hang = timed("hang check", run.hang)
     run.what_if = timed("what-if", run.what_if)
-    timed("report", run.report)()
+    timed("report", build_report)(run)
     rest = out.pop("report")
     before = ("open", "event pass", "late arrivals")  # timed before the report, outside it
     inner = [sum(v[i] for k, v in out.items() if k not in before) for i in (0, 1)]

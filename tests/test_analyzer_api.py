@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from megascope.analyzer import Run, RunOpenError
+from megascope.analyzer import Run, RunOpenError, build_report
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_dependencies_and_critical_path(run):
 
 
 def test_report_is_json(run):
-    rep = run.report()
+    rep = build_report(run)
     json.dumps(rep, allow_nan=False, default=str)
     assert rep["findings"][0]["kind"] == "straggler" and rep["findings"][0]["ranks"] == [9]
     assert rep["findings"][0]["what_if"]["applicable"]

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from megascope.analyzer import Run
+from megascope.analyzer import Run, build_report
 
 pytestmark = pytest.mark.slow
 
@@ -96,4 +96,4 @@ def test_real_run_accounting_is_consistent(clean_run):
     parts = bd[["compute_s", "exposed_comm_s", "bubble_s", "data_wait_s", "other_s"]].sum(axis=1)
     st = rs.set_index(["step", "rank"]).step_time_s.loc[list(zip(bd.step, bd["rank"]))].to_numpy()
     assert abs(parts.to_numpy() - st).max() < 1e-6
-    assert clean_run.report(with_what_if=True)["findings"] == []
+    assert build_report(clean_run, with_what_if=True)["findings"] == []

@@ -13,7 +13,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 
 from megascope.analyzer import Run
-from megascope.analyzer.watch.live import read_live_findings
+from megascope.analyzer.views.live_findings import read_live_findings
 from megascope.analyzer.watch.watcher import WatchConfig, Watcher
 from megascope.dashboard.app import create_app
 from megascope.tracer.run_dir import FINDINGS_FILE

@@ -4,7 +4,7 @@ Parses every module's imports (function-level ones included) and fails on an imp
 direction: the tracer imports neither the trainer, the analyzer nor the dashboard; the analyzer
 neither the trainer nor the dashboard; the dashboard reads runs through the analyzer's API, never
 DuckDB or the tracer itself; the kernels depend on no other part; the plain-loop sample needs no
-megascope trainer."""
+megascope trainer. Inside the analyzer, its parts point one way too (ANALYZER_FORBIDDEN)."""
 
 import ast
 from pathlib import Path
@@ -46,6 +46,27 @@ def violations(layer: str, banned: tuple[str, ...]) -> list[str]:
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_layers_point_one_way(layer):
     assert violations(layer, FORBIDDEN[layer]) == []
+
+
+# Inside the analyzer the analysis runs one way: run directory -> data/ (derived tables) -> detect/,
+# graph/, views/ -> run.py (the facade) -> report/ (the report and its writers) -> watch/. Nothing
+# calls back up: a detector never reaches into Run, Run never into the report it is turned into.
+A = "megascope.analyzer."
+ANALYZER_FORBIDDEN = {
+    "analyzer/data": (A + "detect", A + "graph", A + "views", A + "run", A + "report", A + "watch"),
+    "analyzer/detect": (A + "graph", A + "views", A + "run", A + "report", A + "watch"),
+    "analyzer/graph": (A + "detect", A + "views", A + "run", A + "report", A + "watch"),
+    "analyzer/views": (A + "detect", A + "graph", A + "run", A + "report", A + "watch"),
+    "analyzer/findings.py": (A + "data", A + "detect", A + "graph", A + "views", A + "run", A + "report", A + "watch"),
+    "analyzer/settings.py": (A + "data", A + "detect", A + "graph", A + "views", A + "run", A + "report", A + "watch"),
+    "analyzer/run.py": (A + "report", A + "watch"),
+    "analyzer/report": (A + "watch",),
+}
+
+
+@pytest.mark.parametrize("part", sorted(ANALYZER_FORBIDDEN))
+def test_the_analysis_runs_one_way(part):
+    assert violations(part, ANALYZER_FORBIDDEN[part]) == []
 
 
 def test_the_check_sees_function_level_imports(tmp_path):

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from megascope.analyzer import Run
+from megascope.analyzer import Run, build_report
 from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
 from megascope.analyzer.findings import KINDS
 from megascope.analyzer.report.build import SCHEMA_VERSION, json_safe
@@ -55,7 +55,7 @@ def reports(simulated_run) -> dict[str, dict]:
     out = {}
     for name, (layout, inject) in CASES.items():
         run = simulated_run(**layout, inject=inject)
-        out[name] = json_safe(Run.open(run).report())
+        out[name] = json_safe(build_report(Run.open(run)))
     return out
 
 

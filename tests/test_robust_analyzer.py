@@ -36,7 +36,7 @@ def test_self_check_records(tmp_path):
 
 
 def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path, simulated_run):
-    from megascope.analyzer import Run
+    from megascope.analyzer import Run, build_report
     from megascope.analyzer.report.build import render_text
     from megascope.analyzer.report.html import write_html
 
@@ -58,7 +58,7 @@ def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path, sim
     run.incidents()
     assert sum("incidents.jsonl line 3" in w for w in run.warnings) == 1   # once, however often read
 
-    report = run.report(with_what_if=False)
+    report = build_report(run, with_what_if=False)
     robust = report["robustness"]
     assert [i["kind"] for i in robust["incidents"]] == ["stall", "resumed"]
     assert robust["recovery"][0]["recovery_s"] == 12.0 and robust["self_checks"][0]["attempt"] == 1
@@ -72,9 +72,9 @@ def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path, sim
 
 
 def test_report_of_a_run_without_incidents_has_empty_robustness(simulated_run):
-    from megascope.analyzer import Run
+    from megascope.analyzer import Run, build_report
     from megascope.analyzer.report.build import render_text
 
-    report = Run.open(simulated_run(dp=2, tp=1, pp=1, steps=3)).report(with_what_if=False)
+    report = build_report(Run.open(simulated_run(dp=2, tp=1, pp=1, steps=3)), with_what_if=False)
     assert report["robustness"] == {"incidents": [], "recovery": [], "self_checks": [], "summary": []}
     assert "Incidents" not in render_text(report)

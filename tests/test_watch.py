@@ -19,7 +19,7 @@ from typing import ClassVar
 import jsonschema
 import pytest
 
-from megascope.analyzer import Run
+from megascope.analyzer import Run, build_report
 from megascope.analyzer.data.summary_cache import is_current
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.report.build import json_safe
@@ -91,7 +91,7 @@ def test_straggler_found_once_delivered_and_final_equals_analyze(straggler_run, 
     assert Hook.received == lines
     assert [json.loads(x) for x in marker.read_text().splitlines()] == lines
     # verdict on the finished run: what `megascope analyze` reports
-    report = Run.open(live).report(with_what_if=False)
+    report = build_report(Run.open(live), with_what_if=False)
     final = [{k: v for k, v in r.items() if k not in RECORD_KEYS} for r in lines if r["event"] == "final"]
     assert final == json_safe(report["findings"]) and final
     # the persisted rank-step summary was kept up to date on the way

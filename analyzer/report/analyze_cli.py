@@ -7,7 +7,7 @@ import json
 import sys
 
 from megascope.analyzer.data.store import RunOpenError
-from megascope.analyzer.report.build import json_safe, render_text
+from megascope.analyzer.report.build import build_report, json_safe, render_text
 from megascope.analyzer.settings import AnalyzerSettings, SettingsError, apply_set
 from megascope.progress import ProgressBar
 
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         engine = _engine(args)
         analysis = Run.open(args.run_dir, progress=bar, threads=args.threads, engine=engine, settings=settings)
         bar("analyzing", 1, 3)
-        report = analysis.report(with_what_if=not args.no_what_if)
+        report = build_report(analysis, with_what_if=not args.no_what_if)
         if args.html:
             from megascope.analyzer.report.html import write_html
             bar("html", 2, 3)

@@ -11,7 +11,7 @@ from dash import Input, Output, callback, dcc, html
 from dash.development.base_component import Component
 
 from megascope.analyzer import Finding, Run
-from megascope.analyzer.watch.live import LiveFinding
+from megascope.analyzer.views.live_findings import LiveFinding
 from megascope.dashboard import ids
 from megascope.dashboard.incidents_view import incidents_panel
 from megascope.dashboard.run_gaps import describe_gaps

@@ -13,9 +13,9 @@ detectors do not flag a single step), and findings that ended within the window.
 line says so and still gives the step times and the one-off stalls.
 
 Cheap and harmless by construction: the training thread appends one number per step and, every
-`summary_every` steps, hands a copy of the window to a daemon thread (a queue of one: while the previous
-line is still being written the next is skipped and counted); that thread reads the records file and
-writes the line. Any failure there is logged (the first three, then every 100th) and counted in
+`summary_every` steps, hands a copy of the window to a daemon thread (a queue of QUEUED: lines due
+while that many wait behind the one being written are skipped and counted); that thread reads the
+records file and writes the line. Any failure there is logged (the first three, then every 100th) and counted in
 `failures`; training never waits for it.
 """
 
@@ -42,6 +42,9 @@ the tiny preset of `megascope train` (~80 ms steps) 1.22-5.16, its 0.2-0.4 s ste
 processes on the box taking the CPU from the job: real stalls of the job, which the line names."""
 SHOWN = 3
 """At most this many chronic ranks and one-off stalls are named (the line stays one line)."""
+QUEUED = 4
+"""Windows that may wait for the line thread. One was too few: at load 14 on this 2-core box the thread
+did not run within the 5 steps (~0.4 s) between two lines and `megascope train` lost one of 8 lines."""
 
 
 @dataclass
@@ -145,10 +148,10 @@ class StepSummary:
         self.lines = 0
         """Lines written."""
         self.skipped = 0
-        """Lines not written because the previous one was still being written."""
+        """Lines not written because QUEUED others were still waiting to be."""
         self.failures = 0
         """Lines that failed (logged); training went on."""
-        self._queue: queue.Queue[list[tuple[int, float]] | None] = queue.Queue(maxsize=1)
+        self._queue: queue.Queue[list[tuple[int, float]] | None] = queue.Queue(maxsize=QUEUED)
         self._thread: threading.Thread | None = None
 
     def step(self, step: int, seconds: float) -> None:

@@ -36,7 +36,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -295,13 +295,24 @@ def main() -> int:
     ap.add_argument("--cases", default="all", help="all | tuned | held-out | comma-separated case names")
     ap.add_argument("--steps", type=int, default=400, help="optimizer steps per job")
     ap.add_argument("--onset", type=float, default=0.4, help="share of the run before a fault begins")
+    ap.add_argument("--stop", metavar="STOP_MS/PERIOD_MS",
+                    help="override the stop cases' duty cycle (the lab's own: stop-r1 30/100, stop-r2 20/70); "
+                         "the slow test uses a heavier one for its margin under load")
     ap.add_argument("--keep", type=Path, help="keep each run directory under this folder")
     ap.add_argument("--json", type=Path, help="also write the scores here")
     ap.add_argument("--rescore", type=Path, help="analyze the runs an earlier --keep left in this folder again "
                     "instead of training")
     args = ap.parse_args()
     scores = []
-    for case in select(args.cases):
+    cases = select(args.cases)
+    if args.stop:
+        try:
+            stop_ms, period_ms = (float(x) for x in args.stop.split("/"))
+        except ValueError:
+            raise SystemExit(f"fault_lab: --stop wants STOP_MS/PERIOD_MS (e.g. 50/100), not {args.stop!r}")
+        cases = [replace(c, params={"stop_ms": stop_ms, "period_ms": period_ms}) if c.fault == "stop" else c
+                 for c in cases]
+    for case in cases:
         why = unavailable(case)
         if why:
             print(f"{case.name}: skipped ({why})", flush=True)

@@ -1,0 +1,55 @@
+"""The fault lab's tuned rank cases, end to end: a real dp=2 x pp=2 `megascope train` job with one rank
+stopped from outside (SIGSTOP from 40% of the run on) is named, with its cost; the same job without the
+stops blames nothing. benchmarks/fault_lab.py runs the whole lab (and the network cases, which need
+namespaces); this is the part `make test` runs (~2.5 minutes on the 2-core box).
+
+Margins from measured noise (lost_time.LostTimeConfig.t_min = 6): the lab's own duty (30 ms of every
+100) gave the stopped rank a Welch t of 8.4-8.8 at load ~3, so the test stops it 50 ms of every 100
+(t 10.7 even at load 15). The largest t of any rank's stretch in clean runs and on the unstopped ranks:
+3.4-4.2. But with other agents' jobs holding this 2-core box at load 11-15, 2 of 5 runs missed the
+stopped rank or blamed another (a 4-6x oversubscribed box makes every rank's compute a heavy tail), so
+the test judges only a box that is not oversubscribed when it starts: MAX_LOAD_PER_CPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LOAD_PER_CPU = 2.0
+"""Skip above this 1-minute load average per CPU (measured above: reliable at ~1.5 per CPU, not at 5.5-7.5)."""
+
+
+def _oversubscribed() -> str | None:
+    load = os.getloadavg()[0]
+    cpus = os.cpu_count() or 1
+    if load > MAX_LOAD_PER_CPU * cpus:
+        return f"load average {load:.1f} on {cpus} CPUs: too busy to judge a real run's timing (see docstring)"
+    return None
+
+
+@pytest.mark.slow
+def test_stopped_rank_named_with_its_cost_and_clean_run_blames_nothing(tmp_path: Path) -> None:
+    busy = _oversubscribed()
+    if busy:
+        pytest.skip(busy)
+    out = tmp_path / "scores.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "fault_lab.py"), "--cases", "clean-a,stop-r1", "--stop", "50/100",
+           "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    scores = {s["case"]: s for s in json.loads(out.read_text())}
+    assert set(scores) == {"clean-a", "stop-r1"}, proc.stdout
+    assert scores["clean-a"]["found"] == "none", proc.stdout
+    stop = scores["stop-r1"]
+    assert stop["found"].startswith("rank 1 (") and ";" not in stop["found"], proc.stdout
+    assert stop["passed"], proc.stdout
+    # the finding states what the stops cost: a real share of what the faulty steps lost
+    assert stop["stated_cost_s"] is not None and 0 < stop["stated_cost_s"] <= 1.5 * stop["true_cost_s"], stop
+    assert abs(stop["onset_error"]) <= 40, stop

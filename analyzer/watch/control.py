@@ -76,6 +76,9 @@ class ControlApp:
             return _json(start_response, exc.status, {"error": str(exc)})
         except ValueError as exc:  # a setting it cannot take (SettingsError), a bad window or webhook
             return _json(start_response, "400 Bad Request", {"error": str(exc)})
+        except Exception as exc:  # a bug here must not take the port down or print a traceback
+            self.watcher.log(f"HTTP {environ.get('PATH_INFO')} failed ({type(exc).__name__}: {exc})")
+            return _json(start_response, "500 Internal Server Error", {"error": f"{type(exc).__name__}: {exc}"})
 
     def _authorize(self, environ: dict) -> None:
         if self.token is None:

@@ -31,7 +31,10 @@ def status_of(watcher: Watcher) -> dict[str, Any]:
     """What the watcher follows and how far behind the run it is."""
     state, cfg, now = watcher.state, watcher.cfg, time.monotonic()
     progress, follower = state.progress, watcher.follower
-    newest = max(follower.last.values()) if follower is not None and follower.last else None
+    # copies taken in one C call each: the loop's tick may add to them meanwhile (this is the HTTP thread)
+    last = list(follower.last.values()) if follower is not None else []
+    open_now = list(watcher.tracker.open.values())
+    newest = max(last) if last else None
     analyzed = state.analyzed_step
     return {
         "following": {"run_dir": str(watcher.path), "source": cfg.follows or str(watcher.path),
@@ -50,7 +53,7 @@ def status_of(watcher: Watcher) -> dict[str, Any]:
                    "last_tick_lag_s": state.lag_s,
                    "since_last_tick_s": now - state.last_tick_at if state.last_tick_at is not None else None},
         "open_findings": [{"kind": f.kind, "ranks": f.ranks, "steps": list(f.steps), "severity": f.severity}
-                          for f in watcher.tracker.open.values()],
+                          for f in open_now],
         "ticks": state.ticks, "errors": state.errors, "uptime_s": now - watcher.started_at,
     }
 

@@ -8,22 +8,22 @@ late_arrivals) are built once, lazily, in DuckDB.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import pandas as pd
 
 from megascope.analyzer.data.event_pass import Engine, build_event_pass, late_arrivals
-from megascope.analyzer.data.store import DETECT_MEMORY_LIMIT, Store, load_sql
+from megascope.analyzer.data.store import Store, load_sql
 from megascope.analyzer.data.summary_cache import SummaryState, ensure_summary
-from megascope.analyzer.detect.explain import drop_explained
+from megascope.analyzer.detect.diagnose import Detector, Progress, diagnose
 from megascope.analyzer.detect.flaps import FlapDetector
 from megascope.analyzer.detect.hangs import HangReport, find_hang
-from megascope.analyzer.detect.lost_time import LostTimeDetector, settle
+from megascope.analyzer.detect.lost_time import LostTimeDetector
 from megascope.analyzer.detect.stragglers import StragglerDetector
 from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
-from megascope.analyzer.findings import CULPRIT_KINDS, SEVERITY_ORDER, Finding
+from megascope.analyzer.findings import Finding
 from megascope.analyzer.graph import critical_path as cp
 from megascope.analyzer.graph.step_graph import build_step_graph, dependency_edges, events_window
 from megascope.analyzer.graph.what_if import what_if
@@ -36,18 +36,11 @@ from megascope.analyzer.views.self_check_records import read_self_checks
 from megascope.tracer.run_dir import FINDINGS_FILE
 
 
-class Detector(Protocol):
-    def detect(self, store: Store) -> list[Finding]: ...
-
-
 def default_detectors(settings: DetectSettings) -> list[Detector]:
     """Stragglers (and late launches, stage imbalance), flaps and slow links, workload imbalance."""
     return [StragglerDetector(settings.straggler, settings.warmup_factor),
             FlapDetector(settings.flap, settings.warmup_factor),
             WorkloadImbalanceDetector(settings.workload_imbalance, settings.warmup_factor)]
-
-
-Progress = Callable[[str, int, int], None]
 
 
 class Run:
@@ -208,37 +201,8 @@ class Run:
             return self._findings
         self._ensure("rank_step")
         self._ensure("collectives")
-        out: list[Finding] = []
-        hang = self.hang()
-        total = len(self.detectors) + 1
-        with self.store.memory_limited(DETECT_MEMORY_LIMIT):
-            for i, det in enumerate(self.detectors):
-                self.progress("detecting", i + 1, total)
-                out += det.detect(self.store)
-        for det in self.detectors:  # blame follows the lost time: victims and trifles go, culprits get a cost
-            if isinstance(det, LostTimeDetector):
-                out = settle(out, det.attribution, det.cfg)
-        out = drop_explained(out, self.topology)
-        if hang is not None:
-            out.insert(0, hang.to_finding(self.topology, len(self.topology)))
-        self._add_arrival_evidence(out)
-        self.progress("detecting", total, total)
-        self._findings = sorted(out, key=lambda f: (SEVERITY_ORDER.get(f.kind, len(SEVERITY_ORDER)), -f.severity))
+        self._findings = diagnose(self.store, self.detectors, self.hang(), self.progress)
         return self._findings
-
-    def _add_arrival_evidence(self, findings: list[Finding]) -> None:
-        culprits = sorted({r for f in findings if f.kind in CULPRIT_KINDS for r in f.ranks})
-        if not culprits:
-            return
-        ids = ", ".join(map(str, culprits[:4096]))
-        late = self.store.query(f"SELECT * FROM late_arrivals WHERE rank IN ({ids})")
-        for f in findings:
-            if f.kind not in CULPRIT_KINDS:
-                continue
-            sel = late[late["rank"].isin(f.ranks) & late.step.between(*f.steps)]
-            f.evidence["collectives_arrived_last"] = int(sel.late_count.sum())
-            n_steps = max(1, f.steps[1] - f.steps[0] + 1)
-            f.evidence["lateness_ms_per_step"] = round(1e3 * float(sel.lateness_s.sum()) / n_steps, 3)
 
     def incomplete_data(self) -> list[dict[str, Any]]:
         """Rank-steps left out of the diagnosis because a damaged segment may have held part of them:

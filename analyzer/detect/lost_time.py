@@ -364,3 +364,23 @@ def settle(findings: list[Finding], att: Attribution | None, cfg: LostTimeConfig
 
 
 __all__ = ["LostTimeConfig", "LostTimeDetector", "Attribution", "settle"]
+
+
+def attributed_what_if(store: Store, f: Finding) -> dict | None:
+    """The what-if of a lost-time finding from its attribution (None for other findings): its steps
+    without the cost it was charged. A replay of 1-3 sampled steps cannot stand for an episodic or
+    heavy-tailed fault (tbf-pp: 3 five-step episodes in a 200-step finding; a SIGSTOP hits some steps)."""
+    cost = f.evidence.get("cost_s")
+    if cost is None or f.evidence.get("source") != "lost_time":
+        return None
+    row = store.query("SELECT count(*) AS n, sum(t) AS total FROM (SELECT step, median(step_time_s) AS t "
+                      "FROM rank_step WHERE step BETWEEN $first AND $last AND step_time_s > 0 GROUP BY step)",
+                      {"first": int(f.steps[0]), "last": int(f.steps[1])})
+    n, total = int(row.n.iloc[0]), float(row.total.iloc[0] or 0.0)
+    if n == 0 or total <= 0:
+        return None
+    saved = min(float(cost), total) / n
+    return {"applicable": True, "method": "lost-time attribution over every step of the finding",
+            "steps_sampled": [], "steps_counted": n, "step_time_s": round(total / n, 6),
+            "what_if_step_time_s": round(total / n - saved, 6), "saved_per_step_s": round(saved, 6),
+            "throughput_lost": round(saved * n / total, 4), "replayed_ranks": "all"}

@@ -170,7 +170,8 @@ def lost_node_line(cfg: JobConfig, supervisor: Supervisor, control: ControlPlane
     info = latest_complete_at(checkpoint_home(cfg))
     incident, line = node_lost_incident(supervisor.beats, nodes, socket.gethostname(), timeout_s,
                                         info.step if info is not None else None)
-    append_incident(cfg.run_dir, incident)
+    if supervisor.leader:  # node 0 records it; every surviving node says it
+        append_incident(cfg.run_dir, incident)
     return line
 
 

@@ -3,7 +3,8 @@
 Each analysis lives in its own module; detectors are injectable (`Run.open(path, detectors=[...])`,
 anything with `detect(store) -> list[Finding]`); the default ones take their thresholds from
 `settings` (settings.py: `megascope analyze --set`). Derived tables (rank_step, collective_instances,
-late_arrivals) are built once, lazily, in DuckDB.
+late_arrivals, the persisted summary) are built once, lazily, in DuckDB, by one step (data/derive.py)
+that each question asks for what it needs.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from typing import Any
 
 import pandas as pd
 
-from megascope.analyzer.data.event_pass import Engine, build_event_pass, late_arrivals
+from megascope.analyzer.data.derive import DerivedTables
+from megascope.analyzer.data.event_pass import Engine
 from megascope.analyzer.data.store import Store, load_sql
-from megascope.analyzer.data.summary_cache import SummaryState, ensure_summary
+from megascope.analyzer.data.summary_cache import SummaryState
 from megascope.analyzer.detect.diagnose import Detector, Progress, diagnose
 from megascope.analyzer.detect.flaps import FlapDetector
 from megascope.analyzer.detect.hangs import HangReport, find_hang
@@ -48,17 +50,14 @@ class Run:
                  progress: Progress | None = None, engine: Engine | None = None,
                  settings: AnalyzerSettings | None = None) -> None:
         self.store = store
-        self.engine = engine  # where the event pass's batches run (None: this process, event_pass.LocalEngine)
         self.settings = settings or AnalyzerSettings()
         self.detectors: list[Detector] = list(detectors) if detectors is not None else \
             [*default_detectors(self.settings.detect), LostTimeDetector()]  # the attribution last: it settles
         self.progress = progress or (lambda label, done, total: None)
-        self._built: set[str] = set()
-        self._timeline = True
-        """Whether the event pass's rows are the timeline variant's (build_event_pass)."""
+        self.derived = DerivedTables(store, self.progress, engine)
+        """The derived tables, built on demand (engine: where the event pass's batches run)."""
         self._findings: list[Finding] | None = None
         self._hang: HangReport | None | bool = False
-        self.summary: SummaryState | None = None  # how the persisted rank-step summary was obtained
 
     @classmethod
     def open(cls, path: str | Path, detectors: Sequence[Detector] | None = None,
@@ -95,23 +94,10 @@ class Run:
     def warnings(self) -> list[str]:
         return self.store.warnings
 
-    def _ensure(self, name: str) -> None:
-        if name in self._built:
-            return
-        if name == "rank_step":  # one event pass builds rank_step and collective_instances together
-            self._timeline = build_event_pass(self.store, self.progress, self.engine)
-        elif name == "summary":  # rank_step + late arrivals, persisted in RUN/analysis (summary_cache.py)
-            self.summary = ensure_summary(self.store, self._tables_for_summary,
-                                          tables_built="collectives" in self._built, progress=self.progress)
-        elif name == "collectives":
-            self._ensure("rank_step")
-            late_arrivals(self.store)  # collective_instances -> late_arrivals (sql/arrivals.sql)
-        self._built.add(name)
-
-    def _tables_for_summary(self) -> bool:
-        """rank_step and late_arrivals built (ensure_summary), and whether they are the timeline pass's."""
-        self._ensure("collectives")
-        return self._timeline
+    @property
+    def summary(self) -> SummaryState | None:
+        """How the persisted rank-step summary was obtained (None: not asked for yet)."""
+        return self.derived.summary
 
     def steps(self) -> pd.DataFrame:
         """The steps table (all ranks), ordered by step and rank."""
@@ -119,28 +105,27 @@ class Run:
 
     def rank_steps(self) -> pd.DataFrame:
         """Per rank and step: where the time went (see tracer/sql/rank_step.sql)."""
-        self._ensure("rank_step")
+        self.derived.rank_step()
         return self.store.query("SELECT * FROM rank_step ORDER BY step, rank")
 
     def mfu(self) -> MfuTimeline:
-        self._ensure("rank_step")
+        self.derived.rank_step()
         return mfu_timeline(self.store)
 
     def breakdown(self, steps: tuple[int, int] | None = None) -> pd.DataFrame:
         """step, rank, compute_s, exposed_comm_s, bubble_s, data_wait_s, other_s"""
-        self._ensure("rank_step")
+        self.derived.rank_step()
         first, last = steps if steps is not None else (-(1 << 62), 1 << 62)
         return self.store.query(load_sql("breakdown"), {"first": int(first), "last": int(last)})
 
     def heatmap(self, metric: str, group_by: str = "rank", max_rows: int = 512, max_cols: int = 500) -> Heatmap:
-        self._ensure("summary")
+        self.derived.rank_step_summary()
         return heatmap(self.store, metric, group_by, max_rows, max_cols)
 
     def refresh_summary(self) -> SummaryState:
         """Bring the persisted rank-step summary up to the run's segments (extended from the first new
         step of a live run, summary_cache.py) without drawing a heatmap; `megascope watch` calls it."""
-        self._ensure("summary")
-        return self.summary  # type: ignore[return-value]
+        return self.derived.rank_step_summary()
 
     def gpu(self) -> pd.DataFrame:
         return self.store.query("SELECT * FROM gpu ORDER BY rank, ts_ns")
@@ -199,8 +184,7 @@ class Run:
     def findings(self) -> list[Finding]:
         if self._findings is not None:
             return self._findings
-        self._ensure("rank_step")
-        self._ensure("collectives")
+        self.derived.late_arrivals()
         self._findings = diagnose(self.store, self.detectors, self.hang(), self.progress)
         return self._findings
 
@@ -208,7 +192,7 @@ class Run:
         """Rank-steps left out of the diagnosis because a damaged segment may have held part of them:
         rank, steps [first, last] (clipped to the run's steps), segment (relative path), one per
         damaged events or steps segment. Their steps rows still count in the MFU timeline."""
-        self._ensure("rank_step")
+        self.derived.rank_step()
         ranges = self.store.incomplete_ranges()
         if ranges.empty:
             return []

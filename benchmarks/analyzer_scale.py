@@ -166,8 +166,8 @@ def phases(run_dir: str) -> dict[str, tuple[float, float]]:
 
     w0, c0 = time.perf_counter(), cpu()
     run = timed("open", Run.open)(run_dir)
-    timed("event pass", run._ensure)("rank_step")
-    timed("late arrivals", run._ensure)("collectives")
+    timed("event pass", run.derived.rank_step)()
+    timed("late arrivals", run.derived.late_arrivals)()
     for det in run.detectors:
         det.detect = timed(f"detect: {type(det).__name__}", det.detect)
     run.hang = timed("hang check", run.hang)

@@ -35,7 +35,7 @@ def rss_mib() -> float:
 def dump(run_dir: Path, out: Path) -> None:
     t = time.perf_counter()
     run = Run.open(run_dir)
-    run._ensure("collectives")  # the event pass and late arrivals, as `analyze` builds them
+    run.derived.late_arrivals()  # the event pass and late arrivals, as `analyze` builds them
     out.mkdir(parents=True, exist_ok=True)
     for name in TABLES:
         target = str(out / f"{name}.parquet").replace("'", "''")
@@ -61,7 +61,7 @@ def main() -> int:
     for name in TABLES:
         source = str(args.tables / f"{name}.parquet").replace("'", "''")
         run.store.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS FROM read_parquet('{source}')")
-    run._built |= {"rank_step", "collectives"}
+    run.derived.timeline, run.derived.arrivals = True, True  # the tables are loaded, not derived again
     print(f"tables loaded in {time.perf_counter() - t:.1f} s, RSS {rss_mib():.0f} MiB", flush=True)
     lines = []
     for det in run.detectors:

@@ -41,7 +41,7 @@ def build_report(run: "Run", with_what_if: bool = True) -> dict:
         "schema_version": SCHEMA_VERSION,
         "run": {"path": str(run.path), "run_id": man.get("run_id"), "source": man.get("source"),
                 "world": topo.get("world"), "dp": topo.get("dp"), "tp": topo.get("tp"), "pp": topo.get("pp"),
-                "vpp": topo.get("vpp", 1), "steps": len(per_step),
+                "vpp": topo.get("vpp", 1), "steps": len(per_step), "judged_rank_steps": _judged(run),
                 "peak_flops_per_device": _num(mfu.peak_flops, 1)},
         "mfu": {"mean": _num(mfu.mean, 5),
                 "mean_step_time_s": _num(float(mfu.per_step.step_time_s.mean()) if per_step else float("nan")),
@@ -53,6 +53,12 @@ def build_report(run: "Run", with_what_if: bool = True) -> dict:
         "warnings": list(run.warnings),
         "settings": settings_dict(run.settings),
     }
+
+
+def _judged(run: "Run") -> int:
+    """Rank-steps with traced events: what the detectors had to judge (0: no verdict is possible)."""
+    rs = run.rank_steps()
+    return int((rs.n_events > 0).sum()) if len(rs) and "n_events" in rs else 0
 
 
 def _robustness(run: "Run") -> dict:
@@ -92,6 +98,9 @@ def render_text(report: dict) -> str:
             if wi.get("applicable"):
                 lost = f" [costs {100 * wi['throughput_lost']:.1f}% throughput]"
             lines.append(f"  {i}. [{f['kind']}, {steps}, severity {f['severity']:.2f}]{lost} {f['summary']}")
+    elif r.get("judged_rank_steps", 1) == 0:  # no events, no verdict: silence is not health
+        lines.append("Findings: no verdict: the run holds no traced events to judge (a job run with --trace off, "
+                     "or attached without model= and optimizer=, records steps at most); trace it and analyze again.")
     else:
         lines.append("Findings: none (no stragglers, late launches, imbalance, link problems or hangs detected).")
     lines += _incomplete_text(report.get("incomplete_data") or [])

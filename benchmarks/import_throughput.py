@@ -55,10 +55,12 @@ def _gpu(rows: list[str], gpu: list[str], t: float, corr: int, dur: float) -> No
                                "grid": [64, 2, 1], "block": [256, 1, 1], "est. achieved occupancy %": 25}}))
 
 
-def generate(path: Path, target_mb: int, with_gpu: bool = False) -> int:
-    """Write a trace of about target_mb MB; returns the number of events."""
-    header = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": 0, "world_size": 1,
-              "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": 1, "ranks": [0]}]},
+def generate(path: Path, target_mb: float, with_gpu: bool = False, rank: int = 0, world: int = 1) -> int:
+    """Write rank `rank`'s trace (of a data-parallel world of `world`) of about target_mb MB; returns the
+    number of events."""
+    header = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world,
+              "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": world,
+                             "ranks": list(range(world))}]},
               "baseTimeNanoseconds": 1790857026000000000, "displayTimeUnit": "ms"}
     n, ts, step = 0, 4_801_136_944_682.0, 0
     with open(path, "w") as f:

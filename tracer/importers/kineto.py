@@ -50,7 +50,7 @@ MERGE_GAP_NS = 1_000_000  # ops of one kind less than 1 ms apart are one span (P
 _TRAILING_DIGITS = re.compile(r"(\d+)(?:\.pt)?\.json(?:\.gz)?$|(\d+)$")
 
 
-@dataclass
+@dataclass(slots=True)  # one per communication op of the file: kept small
 class _Comm:
     tid: Any
     start: int

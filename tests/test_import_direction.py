@@ -61,6 +61,8 @@ ANALYZER_FORBIDDEN = {
     "analyzer/settings.py": (A + "data", A + "detect", A + "graph", A + "views", A + "run", A + "report", A + "watch"),
     "analyzer/run.py": (A + "report", A + "watch"),
     "analyzer/report": (A + "watch",),
+    "analyzer/report/html.py": (A + "run",),  # the writers take what was built from the Run, not the Run
+    "analyzer/report/perfetto.py": (A + "run",),
 }
 
 

@@ -39,6 +39,7 @@ def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path, sim
     from megascope.analyzer import Run, build_report
     from megascope.analyzer.report.build import render_text
     from megascope.analyzer.report.html import write_html
+    from megascope.analyzer.report.plots import plot_data
 
     run_dir = simulated_run(dp=2, tp=1, pp=1, steps=4)
     lines = [{"time": 10.0, "kind": "stall", "attempt": 0, "ranks": [1], "detail": "rank 1 stalled 5 s in all_reduce",
@@ -67,7 +68,7 @@ def test_incidents_and_self_checks_reach_the_facade_and_the_report(tmp_path, sim
     assert "Incidents, restarts and self-checks:" in text
     assert "attempt 1: training resumed 12.0 s after the stall" in text
     assert "decision continue" in text
-    page = write_html(run, report, tmp_path / "r.html").read_text()
+    page = write_html(report, plot_data(run), tmp_path / "r.html").read_text()
     assert "Incidents and restarts" in page and "rank 1 stalled 5 s" in page
 
 

@@ -83,8 +83,9 @@ def run(args: argparse.Namespace) -> int:
         report = build_report(analysis, with_what_if=not args.no_what_if)
         if args.html:
             from megascope.analyzer.report.html import write_html
+            from megascope.analyzer.report.plots import plot_data
             bar("html", 2, 3)
-            write_html(analysis, report, args.html)
+            write_html(report, plot_data(analysis), args.html)
         bar("done", 3, 3)
     except (RunOpenError, EngineChoiceError, SettingsError) as exc:
         bar.close()

@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from megascope.analyzer.data.remote_run import local_run_dir
     from megascope.analyzer.data.store import RunOpenError
     from megascope.analyzer.report.perfetto import write_perfetto
+    from megascope.analyzer.report.trace import build_trace
     from megascope.analyzer.run import Run
     try:
         ranks = parse_ranks(args.ranks) if args.ranks else None
@@ -131,7 +132,7 @@ def run(args: argparse.Namespace) -> int:
             ranks = sorted(int(r) for r in analysis.topology["rank"])[:64]
             print(f"megascope export: more than 64 ranks; exporting ranks {spans_text(ranks)} (use --ranks)",
                   file=sys.stderr)
-        n = write_perfetto(analysis, args.perfetto, steps, ranks)
+        n = write_perfetto(build_trace(analysis, steps, ranks), args.perfetto)
     except (RunOpenError, ValueError, OSError) as exc:
         print(f"megascope export: {exc}", file=sys.stderr)
         return 2

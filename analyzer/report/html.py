@@ -4,16 +4,12 @@ from __future__ import annotations
 
 import html
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from megascope.analyzer.report.plots import PlotData
 from megascope.analyzer.views.heatmap import METRICS, color_range
-
-if TYPE_CHECKING:
-    from megascope.analyzer.run import Run
-
 
 _STYLE = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
           "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top}")
@@ -21,8 +17,8 @@ _FINDINGS_HEADER = ("<tr><th>kind</th><th>steps</th><th>severity</th><th>through
                     "<th>ranks</th><th>summary</th></tr>")
 
 
-def _figures(run: "Run", report: dict) -> list[go.Figure]:
-    mfu = run.mfu().per_step
+def _figures(data: PlotData) -> list[go.Figure]:
+    mfu = data.mfu
     figs = []
     fig = go.Figure(go.Scatter(x=mfu.step, y=100 * mfu.mfu, mode="lines+markers", name="MFU"))
     fig.update_layout(title="MFU per step (%)", xaxis_title="step", yaxis_title="mfu(%)", height=320)
@@ -30,13 +26,11 @@ def _figures(run: "Run", report: dict) -> list[go.Figure]:
     fig = go.Figure(go.Scatter(x=mfu.step, y=mfu.step_time_s, mode="lines+markers", name="step time"))
     fig.update_layout(title="Step time (s)", xaxis_title="step", yaxis_title="step_time(s)", height=320)
     figs.append(fig)
-    columns = ["compute_s", "exposed_comm_s", "bubble_s", "data_wait_s", "other_s"]
-    parts = run.breakdown().groupby("step")[columns].mean()
+    parts = data.breakdown
     fig = go.Figure([go.Bar(x=parts.index, y=parts[c], name=c) for c in parts.columns])
     fig.update_layout(barmode="stack", title="Step-time breakdown, mean over ranks (s)", height=360)
     figs.append(fig)
-    for metric in ("compute", "exposed_comm"):
-        hm = run.heatmap(metric, max_rows=256, max_cols=300)
+    for metric, hm in data.heatmaps.items():
         # as the dashboard: the warm-up step (several times a normal step) must not wash out a straggler
         zmin, zmax, clipped = color_range(hm.values, METRICS[metric].higher_is_worse)
         fig = go.Figure(go.Heatmap(z=hm.values, x=hm.cols, y=hm.rows, colorscale="Viridis", zmin=zmin, zmax=zmax,
@@ -55,7 +49,8 @@ def _cost(finding: dict) -> str:
     return "n/a"
 
 
-def write_html(run: "Run", report: dict, path: str | Path) -> Path:
+def write_html(report: dict, plots: PlotData, path: str | Path) -> Path:
+    """The report with its plots (report/plots.py: plot_data(run)) as one self-contained page."""
     rows = "".join(
         f"<tr><td>{html.escape(f['kind'])}</td><td>{f['steps'][0]}-{f['steps'][1]}</td>"
         f"<td>{f['severity']:.2f}</td><td>{_cost(f)}</td><td>{html.escape(', '.join(map(str, f['ranks'][:16])))}</td>"
@@ -67,8 +62,8 @@ def write_html(run: "Run", report: dict, path: str | Path) -> Path:
                   f"<ul>{incomplete}</ul>" if incomplete else "")
     robust = "".join(f"<li>{html.escape(line)}</li>" for line in report.get("robustness", {}).get("summary", []))
     robust = f"<h2>Incidents and restarts</h2><ul>{robust}</ul>" if robust else ""
-    figs = _figures(run, report)
-    plots = "".join(pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figs))
+    figs = _figures(plots)
+    figures = "".join(pio.to_html(fig, full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figs))
     r = report["run"]
     mean = report["mfu"]["mean"]
     title = html.escape(str(r["run_id"]))
@@ -81,7 +76,7 @@ mean MFU {'n/a' if mean is None else f'{100 * mean:.1f}%'}.</p>
 <h2>Findings</h2><table>{_FINDINGS_HEADER}{rows}</table>
 {incomplete}
 {robust}
-<h2>Plots</h2>{plots}
+<h2>Plots</h2>{figures}
 {''.join(f'<p>warning: {html.escape(w)}</p>' for w in report['warnings'])}
 </body></html>"""
     path = Path(path)

@@ -169,4 +169,6 @@ def test_file_name_rules(names: list[str], jobs: list[str], hosts: dict[int, str
     found = group_jobs([parse_name(Path(n)) for n in names])
     assert sorted(j.id for j in found) == jobs
     assert all(j.hosts == hosts for j in found)
+    stray = group_jobs([parse_name(Path(n)) for n in [*names, "fr_trace.log"]])
+    assert len(stray) == len(found) and "fr_trace.log" in [f.path.name for f in stray[0].files]
     assert parse_name(Path("rank3_node07")).rank == 3 and parse_name(Path("trace_rank_12.json")).rank == 12

@@ -11,7 +11,8 @@ both. Our rules:
   have stems that differ only where the host is written;
 - jobs: stems are joined into one job while their ranks stay disjoint (the ranks of one job are spread
   over its hosts; two jobs both have a rank 0), largest stems first. A job's id is its stems' common
-  text; the host of a rank is the part of its stem that differs from the job's other stems.
+  text; the host of a rank is the part of its stem that differs from the job's other stems. Files
+  without a rank in their name (a stray log, a dump with a `rank` key) go with the largest job.
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ def group_jobs(files: list[DumpFile]) -> list[Job]:
     """Files -> jobs (see the module doc), the job with the most files first."""
     by_stem: dict[str, list[DumpFile]] = {}
     for f in files:
-        by_stem.setdefault(f.stem, []).append(f)
+        if f.rank is not None:
+            by_stem.setdefault(f.stem, []).append(f)
+    unnamed = [f for f in files if f.rank is None]
+    if not by_stem:
+        return [Job(unnamed[0].stem if len(unnamed) == 1 else "<no rank in the names>", unnamed)] if unnamed else []
     groups: list[list[str]] = []
     ranks: list[set[int]] = []
     for stem in sorted(by_stem, key=lambda s: (-len(by_stem[s]), s)):
@@ -86,7 +91,9 @@ def group_jobs(files: list[DumpFile]) -> list[Job]:
                     if f.rank is not None and host:
                         job.hosts[f.rank] = host
         jobs.append(job)
-    return sorted(jobs, key=lambda j: (-len(j.files), j.id))
+    jobs.sort(key=lambda j: (-len(j.files), j.id))
+    jobs[0].files += unnamed  # no rank in the name: read with the largest job (a `rank` key, or a clear error)
+    return jobs
 
 
 def _likeness(a: str, b: str) -> int:

@@ -37,7 +37,7 @@ test-fast: $(TESTSTAMP)
 	$(PY) -m pytest -q -m "not slow"
 
 # five of the benchmarks (trainer, analyzer accuracy and scale); the others are run one by one, each
-# with the command its table in the README names
+# with the command its table in docs/measurements.md names
 bench: setup
 	$(PY) benchmarks/tracer_overhead.py
 	$(PY) benchmarks/ddp_compare.py

@@ -10,7 +10,7 @@ the in-flight records landed named it. Clean runs count every finding as false.
     python benchmarks/watch_latency.py [--seeds 0 1 2] [--case NAME]...
     python benchmarks/watch_latency.py --cost-ranks 1024 [--cost-ranks 12288]
 
-Prints a Markdown table (the README's) and the seconds per tick with the load average next to it.
+Prints a Markdown table (docs/measurements.md's) and the seconds per tick with the load average next to it.
 --cost-ranks: the cost of one tick (list segments, open the run, progress, the window's detectors)
 on a finished simulated run of that many ranks (tp=8, pp=2), wall and CPU seconds, and the peak RSS.
 """

@@ -161,6 +161,8 @@ def test_lost_node_without_replacement_ends_with_one_line(tmp_path: Path) -> Non
         took = time.monotonic() - killed_at
         left = left_behind(cluster.hosts[0])
     assert code == 1 and left == [], log.read_text()[-3000:]
+    assert any("once all 2 nodes are back in the rendezvous (waiting up to --rdzv-timeout 15 s;" in line
+               for line in driver_lines(log)), driver_lines(log)  # said at once, not after the timeout
     last = driver_lines(log)[-1]
     assert re.fullmatch(r"megascope train: node 1 \(node1\) lost: ranks 2, 3 ended without a final heartbeat "
                         r"\(the last at [\d:]+, step \d+\), and not back within --rdzv-timeout 15 s; to continue, "

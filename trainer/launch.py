@@ -150,7 +150,8 @@ def run_job(cfg: JobConfig, args: argparse.Namespace, url: str | None, endpoint:
             print(f"megascope train: {problem}", file=sys.stderr)
             return code
         supervisor = Supervisor(cfg.run_dir, cfg.robust, cfg.world_size, cfg.robust.max_restarts,
-                                store=control.client, leader=args.node_rank == 0).start()
+                                store=control.client, leader=args.node_rank == 0,
+                                restart_note=restart_note(nnodes, args.rdzv_timeout)).start()
         lost = lambda: lost_node_line(cfg, supervisor, control, args.rdzv_timeout)  # noqa: E731
         code = run_agent(cfg, supervisor, run_ranks, lost)
     finally:
@@ -162,6 +163,14 @@ def run_job(cfg: JobConfig, args: argparse.Namespace, url: str | None, endpoint:
         if watcher is not None:  # after the ranks: the watcher's final verdict needs their last flush
             watcher.stop(job_finished=code == 0)
     return code
+
+
+def restart_note(nnodes: int, timeout_s: float) -> str:
+    """What a restart on several nodes waits for, said with the failure (torch's rendezvous is silent)."""
+    if nnodes == 1:
+        return ""
+    return (f" once all {nnodes} nodes are back in the rendezvous (waiting up to --rdzv-timeout {timeout_s:g} s; "
+            "a lost node rejoins when started again with the same command)")
 
 
 def lost_node_line(cfg: JobConfig, supervisor: Supervisor, control: ControlPlaneHost, timeout_s: float) -> str:

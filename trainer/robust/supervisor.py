@@ -83,7 +83,7 @@ class Supervisor:
                  poll_s: float = 0.02, read_every_s: float = 0.2, host: str | None = None,
                  kill: Callable[[int], None] | None = None, alive: Callable[[int], bool] = process_alive,
                  on_stop_job: Callable[[], None] | None = None, store: ControlStore | None = None,
-                 leader: bool = True) -> None:
+                 leader: bool = True, restart_note: str = "") -> None:
         self.run_dir = Path(run_dir)
         self.store = store
         """Where the beats are read (None: the heartbeat files of the run directory)."""
@@ -98,6 +98,8 @@ class Supervisor:
         self._current: dict[int, dict] | None = None
         self._current_before: dict[int, dict] | None = None
         self.leader = leader
+        self.restart_note = restart_note
+        """Appended to a restart's action: on several nodes, that the restart waits for every node."""
         """Records the job's restarts (and nodes lost before them): node 0's supervisor on several nodes,
         so that the run directory they share gets each once."""
         self._read_at = 0.0
@@ -279,7 +281,7 @@ class Supervisor:
 
     def _incident(self, kind: str, ranks: list[int], current: dict[int, dict], detail: str) -> dict[str, Any]:
         left = self.max_restarts - self._attempt
-        action = ("the elastic agent restarts the worker group from the latest checkpoint"
+        action = ("the elastic agent restarts the worker group from the latest checkpoint" + self.restart_note
                   if left > 0 else "no restarts left: the job ends")
         if kind != "dead_rank":
             action = "stopping the worker group; " + action

@@ -16,11 +16,11 @@ import os
 import shutil
 import sys
 
-from megascope.tracer.run_dir import MANIFEST, run_entries
+from megascope.tracer.run_dir import INCIDENTS_FILE, MANIFEST, SELF_CHECK_DIR, run_entries
 from megascope.tracer.storage import StorageError, is_url, local_folder_for, locate, redirect_env, upload_tree
 from megascope.trainer.config import JobConfig
 
-UPLOADED_AT_END = ("health.json", "incidents.jsonl", "inflight", "self_check")
+UPLOADED_AT_END = ("health.json", INCIDENTS_FILE, "inflight", SELF_CHECK_DIR)
 """Scratch entries copied to the store when the job ends (the analyzer and dashboard read them)."""
 
 

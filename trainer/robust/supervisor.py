@@ -34,20 +34,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from megascope.tracer.control_store import ControlStore
-from megascope.tracer.run_dir import write_json_atomic
+from megascope.tracer.run_dir import INCIDENTS_FILE, SELF_CHECK_DIR, write_json_atomic
 from megascope.tracer.watchdog import persist_inflight
 from megascope.trainer.config import RobustConfig
 from megascope.trainer.robust.heartbeat import KIND as HEARTBEAT
 from megascope.trainer.robust.heartbeat import read_heartbeat_files
 from megascope.trainer.robust.node_loss import lost_node_record, lost_ranks
 
-INCIDENTS = "incidents.jsonl"
-
 
 def append_incident(run_dir: str | Path, record: dict[str, Any]) -> None:
     """One JSON line per incident. O_APPEND writes of one short line do not interleave."""
     line = json.dumps({"time": time.time(), **record}, default=str) + "\n"
-    fd = os.open(Path(run_dir) / INCIDENTS, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = os.open(Path(run_dir) / INCIDENTS_FILE, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
@@ -263,7 +261,7 @@ class Supervisor:
     def _self_check_verdict(self) -> dict[str, Any] | None:
         """An enforced self-check decision to stop (or to drop this host) ends the job on this node:
         restarting on the same bad hardware would only fail again."""
-        path = self.run_dir / "self_check" / f"attempt-{self._attempt:02d}.json"
+        path = self.run_dir / SELF_CHECK_DIR / f"attempt-{self._attempt:02d}.json"
         if not path.is_file():
             return None
         try:

@@ -12,6 +12,9 @@ of a more specific finding whose steps overlap:
 - a weaker straggler in the same pipeline replica (same dp and tp coordinates) whose onset comes
   after the stronger one's: the ranks of one replica work in lockstep, and on shared hosts the
   culprit's neighbours slow down with it.
+A host pair's network finding from the lost-time attribution (detect/lost_time.py) is not dropped: it
+holds only steps whose loss no rank's excess explains, so a rank at one of its links' ends that another
+detector names is judged on the other steps (lost_time.settle), not the network on these.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ def drop_explained(findings: list[Finding], topology=None) -> list[Finding]:
     links = [f for f in findings if f.kind in LINK_KINDS and _is_p2p(f)]
     out = []
     for f in findings:
-        if f.kind == "stage_imbalance":
+        if f.evidence.get("source") == "lost_time":
+            explained_by = []  # already attributed step by step
+        elif f.kind == "stage_imbalance":
             explained_by = culprits
         elif f.kind in LINK_KINDS and not _is_p2p(f):
             explained_by = culprits + links

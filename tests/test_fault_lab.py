@@ -53,3 +53,21 @@ def test_stopped_rank_named_with_its_cost_and_clean_run_blames_nothing(tmp_path:
     # the finding states what the stops cost: a real share of what the faulty steps lost
     assert stop["stated_cost_s"] is not None and 0 < stop["stated_cost_s"] <= 1.5 * stop["true_cost_s"], stop
     assert abs(stop["onset_error"]) <= 40, stop
+
+
+@pytest.mark.slow
+def test_throttled_link_between_two_hosts_is_one_network_finding_and_no_rank(tmp_path: Path) -> None:
+    """tbf-pp: a dp=2 x pp=2 job on two namespace hosts (a stage per host), node1's link limited to 8mbit
+    2 s in every 8: one network finding on node0-node1, no rank blamed. Measured: throttled steps 2.7-7.4x
+    the healthy step in episodes of 4-5 steps (threshold 2.5x, 3 steps); outside them <= 1.3x (q99)."""
+    from tests import netns
+    why = netns.unavailable() or _oversubscribed()
+    if why:
+        pytest.skip(why)
+    out = tmp_path / "scores.json"
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "fault_lab.py"), "--cases", "tbf-pp", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (score,) = json.loads(out.read_text())
+    assert score["passed"] and score["found"].startswith("link node0-node1 ("), proc.stdout
+    assert score["stated_cost_s"] is not None and 0 < score["stated_cost_s"] <= 1.5 * score["true_cost_s"], score

@@ -52,7 +52,8 @@ class Run:
         self.store = store
         self.settings = settings or AnalyzerSettings()
         self.detectors: list[Detector] = list(detectors) if detectors is not None else \
-            [*default_detectors(self.settings.detect), LostTimeDetector()]  # the attribution last: it settles
+            [*default_detectors(self.settings.detect),  # the attribution last: it settles
+             LostTimeDetector(self.settings.detect.lost_time, self.settings.detect.warmup_factor)]
         self.progress = progress or (lambda label, done, total: None)
         self.derived = DerivedTables(store, self.progress, engine)
         """The derived tables, built on demand (engine: where the event pass's batches run)."""

@@ -163,8 +163,47 @@ class WorkloadImbalanceConfig:
 
 
 @dataclass
+class LostTimeConfig:
+    """Lost-time attribution (detect/lost_time.py): who the time lost above the healthy level is charged to."""
+
+    min_steps: int = 20
+    """A rank's stretch is at least this many steps (a few slow steps are a hiccup, not a culprit)."""
+    t_min: float = 6.0
+    """Welch's t of the rank's excess in its stretch against the rest of the run (means: the heavy tail
+    counts). Measured (fault lab, tuned part, 400 steps on the loaded 2-core box): the largest t of any
+    rank's best stretch in the clean runs 3.4 and 3.7; the stopped rank of stop-r1 8.4-8.8 (its mirror
+    image, the stage peer, also ~9 but its own time did not grow: min_own_growth)."""
+    min_excess: float = 0.05
+    """The stretch's mean excess, as a share of the healthy step time: smaller is not worth a finding
+    (stop-r1: 11 ms on a 64 ms step, 0.17)."""
+    replica_share: float = 0.5
+    """A rank's excess its replica's other stages share at >= this share is the data's (stragglers.py's
+    StragglerConfig.replica_share and its measurement; independent suite, tuned seeds: 11 false
+    stragglers on the sequence-imbalance runs without it)."""
+    min_own_growth: float = 0.5
+    """Its own time must have grown by at least this share of its excess against peers (its own
+    history): peers getting faster is not the rank's fault."""
+    net_min_share: float = 1.5
+    """A network step's loss that no rank explains is at least this x the healthy step time (the step
+    took >= 2.5x). Measured (fault lab, 400-step runs on the loaded 2-core box): outside any fault the
+    step's excess reached q99 1.0-1.3x and at most 2 consecutive steps above 1x (clean-a, stop-r1,
+    tbf-pp's off periods); tbf-pp's throttled steps (8mbit, 2 s on in 8) 2.7-7.4x. A slowdown that
+    less than 2.5x's the step is left to the link-vs-boundary tests (flaps.py)."""
+    net_min_steps: int = 3
+    """Consecutive network steps in an episode (noise: at most 2 in a row above 1x; tbf-pp: 4-5)."""
+    min_cost_share: float = 0.01
+    """... or less than this share of the whole run's time is too small to act on. Measured (fault lab,
+    tuned part): clean-a's one false straggler (4 steps of rank 3, a load spike) was charged 0.027 s of
+    a 24 s run (0.1%); stop-r1's stopped rank 1.97 s (8%)."""
+    victim_share: float = 0.1
+    """A straggler / late_launch finding of another detector whose rank this attribution charges less
+    than this share of the lost time over the finding's steps is a victim's, and is dropped."""
+
+
+@dataclass
 class DetectSettings:
-    """The default detectors: stragglers, flaps and workload imbalance (hangs have no threshold)."""
+    """The default detectors: stragglers, flaps, workload imbalance and the lost-time attribution that
+    settles their findings (hangs have no threshold)."""
 
     warmup_factor: float = WARMUP_FACTOR
     """Leading steps slower than this many times the run's median step time are warm-up, left out (at
@@ -172,6 +211,7 @@ class DetectSettings:
     straggler: StragglerConfig = field(default_factory=StragglerConfig)
     flap: FlapConfig = field(default_factory=FlapConfig)
     workload_imbalance: WorkloadImbalanceConfig = field(default_factory=WorkloadImbalanceConfig)
+    lost_time: LostTimeConfig = field(default_factory=LostTimeConfig)
 
 
 @dataclass

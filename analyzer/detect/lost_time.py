@@ -33,49 +33,12 @@ from megascope.analyzer.data.store import Store
 from megascope.analyzer.detect.episodes import runs
 from megascope.analyzer.detect.peer_stats import warmup_from_medians
 from megascope.analyzer.findings import Finding, Kind, hosts_of
+from megascope.analyzer.settings import WARMUP_FACTOR, LostTimeConfig
 
 COLUMNS = ("rank, step, pp, dp, tp, host, step_time_s, greatest(step_time_s - recv_s - collective_s, 0) AS own_s, "
            "forward_s + backward_s AS work_s, recv_s, collective_s")
 """own_s here: every moment of the rank's step it was not waiting for others (compute, data, host time
 inside spans and outside any span: an attached job's untraced host time belongs to its rank too)."""
-
-
-@dataclass
-class LostTimeConfig:
-    warmup_factor: float = 2.0
-    """Leading steps slower than this x the run's median step are warm-up (peer_stats' rule)."""
-    min_steps: int = 20
-    """A rank's stretch is at least this many steps (a few slow steps are a hiccup, not a culprit)."""
-    t_min: float = 6.0
-    """Welch's t of the rank's excess in its stretch against the rest of the run (means: the heavy tail
-    counts). Measured (fault lab, tuned part, 400 steps on the loaded 2-core box): the largest t of any
-    rank's best stretch in the clean runs 3.4 and 3.7; the stopped rank of stop-r1 8.4-8.8 (its mirror
-    image, the stage peer, also ~9 but its own time did not grow: min_own_growth)."""
-    min_excess: float = 0.05
-    """The stretch's mean excess, as a share of the healthy step time: smaller is not worth a finding
-    (stop-r1: 11 ms on a 64 ms step, 0.17)."""
-    replica_share: float = 0.5
-    """A rank's excess its replica's other stages share at >= this share is the data's (stragglers.py's
-    StragglerConfig.replica_share and its measurement; independent suite, tuned seeds: 11 false
-    stragglers on the sequence-imbalance runs without it)."""
-    min_own_growth: float = 0.5
-    """Its own time must have grown by at least this share of its excess against peers (its own
-    history): peers getting faster is not the rank's fault."""
-    net_min_share: float = 1.5
-    """A network step's loss that no rank explains is at least this x the healthy step time (the step
-    took >= 2.5x). Measured (fault lab, 400-step runs on the loaded 2-core box): outside any fault the
-    step's excess reached q99 1.0-1.3x and at most 2 consecutive steps above 1x (clean-a, stop-r1,
-    tbf-pp's off periods); tbf-pp's throttled steps (8mbit, 2 s on in 8) 2.7-7.4x. A slowdown that
-    less than 2.5x's the step is left to the link-vs-boundary tests (flaps.py)."""
-    net_min_steps: int = 3
-    """Consecutive network steps in an episode (noise: at most 2 in a row above 1x; tbf-pp: 4-5)."""
-    min_cost_share: float = 0.01
-    """... or less than this share of the whole run's time is too small to act on. Measured (fault lab,
-    tuned part): clean-a's one false straggler (4 steps of rank 3, a load spike) was charged 0.027 s of
-    a 24 s run (0.1%); stop-r1's stopped rank 1.97 s (8%)."""
-    victim_share: float = 0.1
-    """A straggler / late_launch finding of another detector whose rank this attribution charges less
-    than this share of the lost time over the finding's steps is a victim's, and is dropped."""
 
 
 @dataclass
@@ -96,8 +59,9 @@ class Attribution:
 
 
 class LostTimeDetector:
-    def __init__(self, config: LostTimeConfig | None = None) -> None:
+    def __init__(self, config: LostTimeConfig | None = None, warmup_factor: float = WARMUP_FACTOR) -> None:
         self.cfg = config or LostTimeConfig()
+        self.warmup_factor = warmup_factor
         self.attribution: Attribution | None = None
 
     def detect(self, store: Store) -> list[Finding]:
@@ -105,7 +69,7 @@ class LostTimeDetector:
         if rs.empty or rs["rank"].nunique() < 2:
             return []
         per_step = rs.groupby("step").step_time_s.median()
-        warm = warmup_from_medians(per_step.to_numpy(), per_step.index.to_numpy(), self.cfg.warmup_factor)
+        warm = warmup_from_medians(per_step.to_numpy(), per_step.index.to_numpy(), self.warmup_factor)
         rs = rs[~rs.step.isin(warm)]
         m = {c: rs.pivot(index="rank", columns="step", values=c) for c in ("own_s", "work_s", "recv_s",
                                                                            "collective_s", "step_time_s")}

@@ -18,12 +18,9 @@ class _Chunk(nn.Module):
         self.blocks = model.blocks
 
 
-def test_compiled_blocks_match_eager() -> None:
-    torch.manual_seed(0)
-    eager = GPT(ModelConfig(n_layers=2, hidden=64, n_heads=4, seq_len=32))
-    compiled = copy.deepcopy(eager)
-    assert compile_blocks([_Chunk(compiled)]) == 2
-    tokens = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(1))
+def _assert_same_training(eager: GPT, compiled: GPT, seed: int) -> None:
+    """Same loss and gradients from both models on one random batch."""
+    tokens = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(seed))
     losses = [m.loss(m(tokens[:, :-1]), tokens[:, 1:]) for m in (eager, compiled)]
     torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
     for loss in losses:
@@ -31,6 +28,14 @@ def test_compiled_blocks_match_eager() -> None:
     for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
         assert a.grad is not None and b.grad is not None, name
         assert (b.grad - a.grad).norm() <= 1e-5 * a.grad.norm() + 1e-8, name
+
+
+def test_compiled_blocks_match_eager() -> None:
+    torch.manual_seed(0)
+    eager = GPT(ModelConfig(n_layers=2, hidden=64, n_heads=4, seq_len=32))
+    compiled = copy.deepcopy(eager)
+    assert compile_blocks([_Chunk(compiled)]) == 2
+    _assert_same_training(eager, compiled, seed=1)
 
 
 def test_compiled_loss_matches_eager() -> None:
@@ -40,14 +45,7 @@ def test_compiled_loss_matches_eager() -> None:
     eager = GPT(ModelConfig(n_layers=1, hidden=64, n_heads=4, seq_len=32))
     compiled = copy.deepcopy(eager)
     assert compile_loss([compiled]) == 2
-    tokens = torch.randint(0, 256, (2, 33), generator=torch.Generator().manual_seed(2))
-    losses = [m.loss(m(tokens[:, :-1]), tokens[:, 1:]) for m in (eager, compiled)]
-    torch.testing.assert_close(losses[1], losses[0], rtol=1e-6, atol=1e-6)
-    for loss in losses:
-        loss.backward()
-    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
-        assert a.grad is not None and b.grad is not None, name
-        assert (b.grad - a.grad).norm() <= 1e-5 * a.grad.norm() + 1e-8, name
+    _assert_same_training(eager, compiled, seed=2)
 
 
 def test_compile_loss_leaves_a_chunk_without_the_head_alone() -> None:

@@ -81,9 +81,13 @@ def test_a_real_tracer_prints_and_logs_every_n_steps(tmp_path, capsys, caplog):
 
 
 def test_other_ranks_and_zero_print_nothing(tmp_path):
-    assert tracer.Tracer(tmp_path, 1, TraceConfig(nvml=False), "cpu", sink=tracer.MemorySink()).summary is None
+    other = tracer.Tracer(tmp_path, 1, TraceConfig(nvml=False), "cpu", sink=tracer.MemorySink())
     off = tracer.Tracer(tmp_path, 0, TraceConfig(nvml=False, summary_every=0), "cpu", sink=tracer.MemorySink())
-    assert off.summary is None
+    try:
+        assert other.summary is None and off.summary is None
+    finally:  # their threads must not outlive the test (test_tracer_api counts threads)
+        other.close()
+        off.close()
 
 
 def test_a_failing_line_is_counted_and_a_stuck_records_file_never_holds_the_training_thread(tmp_path):

@@ -32,6 +32,7 @@ from megascope.analyzer.graph.what_if import what_if
 from megascope.analyzer.settings import AnalyzerSettings, DetectSettings
 from megascope.analyzer.views.heatmap import Heatmap, heatmap
 from megascope.analyzer.views.incidents import read_incidents, recovery_times
+from megascope.analyzer.views.links import LinkMap, link_map
 from megascope.analyzer.views.live_findings import LiveFinding, read_live_findings
 from megascope.analyzer.views.mfu import MfuTimeline, mfu_timeline
 from megascope.analyzer.views.self_check_records import read_self_checks
@@ -122,6 +123,11 @@ class Run:
     def heatmap(self, metric: str, group_by: str = "rank", max_rows: int = 512, max_cols: int = 500) -> Heatmap:
         self.derived.rank_step_summary()
         return heatmap(self.store, metric, group_by, max_rows, max_cols)
+
+    def links(self, max_rows: int = 256, max_cols: int = 500) -> LinkMap:
+        """p2p links (rank pairs, grouped by host pair) x step: the ends' wait, the fastest transfer and its
+        rate, with the network findings placed on their links and episodes (views/links.py)."""
+        return link_map(self.store, self.findings(), max_rows, max_cols)
 
     def refresh_summary(self) -> SummaryState:
         """Bring the persisted rank-step summary up to the run's segments (extended from the first new

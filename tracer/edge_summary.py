@@ -43,6 +43,8 @@ NO_FIRST_STEP = -(1 << 62)
 """first_step of a whole pass: every step (the macros' `first_step` argument)."""
 _HOUR_NS = 3_600_000_000_000
 _PEER_COLUMNS = [f.name for f in EDGE["edge_peer_step"]]
+_EDGE_COLUMNS = ["first_start_ns", "last_end_ns"]
+"""Read by rank_step_of (the step's edges: host time before the first span and after the last), not written."""
 _RANK_STEP_COLUMNS = [f.name for f in EDGE["edge_rank_step"] if f.name != "final"]
 WRITE_ORDER = ("edge_peer_step", "edge_collectives", "edge_rank_step")
 """edge_rank_step last: its rows say a step's summary is complete, its `final` rows that the rank's are."""
@@ -84,13 +86,15 @@ def summarize(con: Any, ranks: list[int], events: pa.Table, steps: pa.Table, thr
         # rank_step_of joins the topology: a stand-in row here, the analyzer joins the real one
         con.execute("CREATE OR REPLACE TEMP TABLE topology AS SELECT unnest($ranks)::INT AS rank, -1 AS pp, "
                     "-1 AS dp, -1 AS tp, ''::VARCHAR AS host", {"ranks": [int(r) for r in ranks]})
-        con.execute("CREATE OR REPLACE TEMP TABLE _edge_peer AS SELECT " + ", ".join(f'"{c}"' for c in _PEER_COLUMNS)
+        con.execute("CREATE OR REPLACE TEMP TABLE _edge_peer AS SELECT "
+                    + ", ".join(f'"{c}"' for c in _PEER_COLUMNS + _EDGE_COLUMNS)
                     + " FROM event_pass_timeline('_edge_events', $first, $base, $async_ops, $wait_suffix, "
                     "1, 1, 1, NULL) WHERE gset = 0 AND step <= $through",
                     {"first": NO_FIRST_STEP, "base": base, "async_ops": async_ops, "wait_suffix": WAIT_SUFFIX,
                      "through": through})
         out = {
-            "edge_peer_step": con.sql("FROM _edge_peer ORDER BY rank, step, peer").to_arrow_table(),
+            "edge_peer_step": con.sql("SELECT " + ", ".join(f'"{c}"' for c in _PEER_COLUMNS)
+                                      + " FROM _edge_peer ORDER BY rank, step, peer").to_arrow_table(),
             "edge_collectives": con.sql(
                 'SELECT rank, step, "group", seq, name AS op_name, start_ns, end_ns FROM _edge_events '
                 "WHERE kind = 'collective' AND step <= $through ORDER BY rank, step, start_ns",

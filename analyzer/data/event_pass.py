@@ -49,7 +49,7 @@ BATCH_TABLES = ("_batch_rank_step", "_batch_peer_step", "_batch_partials")
 """What the batch function leaves for the loop (local tables, or the Arrow tables a remote engine returns)."""
 PEER_STEP_COLUMNS = ("rank", "step", "peer", "compute_ns", "forward_ns", "backward_ns", "optimizer_ns", "nested_ns",
                      "recv_ns", "collective_ns", "data_wait_ns", "gap_ns", "gap_p2p_ns", "gap_coll_ns", "send_min_ns",
-                     "sends", "recv_min_ns", "n_events")
+                     "sends", "recv_min_ns", "n_events", "first_start_ns", "last_end_ns")
 P2P_STEP_COLUMNS = ("rank", "step", "peer", "sends", "send_min_ns", "recv_min_ns", "gap_p2p_ns")
 """What the p2p analyses (p2p_links.sql, p2p_stalls.sql) read of the per (rank, step, p2p peer) rows: the
 run-wide table `_p2p_peer_step` keeps only these columns, and only rows of a p2p peer (at 12,288 ranks x

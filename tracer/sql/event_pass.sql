@@ -43,7 +43,9 @@
 --     time: nested waits removed), nested_ns, recv_ns (receives outside compute, p2p waits, p2p nested in
 --     compute), collective_ns (collectives outside compute, collective waits, collectives nested in
 --     compute; waited ops excluded), data_wait_ns, gap_ns (host gaps), gap_p2p_ns, gap_coll_ns (gaps
---     right before p2p / collective issues), send_min_ns, sends, recv_min_ns, n_events
+--     right before p2p / collective issues), send_min_ns, sends, recv_min_ns, n_events, first_start_ns and
+--     last_end_ns (the first event's start and the last end: rank_step.sql counts the host time before
+--     the step's first span and after its last one, which no event's gap holds)
 --   per collective (and op_name, a key: members that disagree on it give one row each, which the merge
 --     joins): first_step, n_events (members), last_rank, last_issue_ns, issue_sum_ms (DOUBLE: sum of
 --     issue - base, ms, for the mean arrival), last_end_ns
@@ -137,6 +139,7 @@ SELECT CAST(GROUPING(rank, step, peer) > 0 AS INT) AS gset, rank, step, peer, "g
     count(*) FILTER (WHERE role = 7) AS sends,
     min(dur_ns) FILTER (WHERE role = 8) AS recv_min_ns,
     count(*) AS n_events,
+    min(start_ns) AS first_start_ns,
     min(step) AS first_step,
     arg_max(rank, (start_ns, rank)) AS last_rank,  -- a tie (same ns): the higher rank, not any row
     max(start_ns) AS last_issue_ns,

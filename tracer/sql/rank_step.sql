@@ -25,7 +25,8 @@
 --                                   a prefetched param_all_gather waited in forward): out of compute_s,
 --                                   in collective_s / recv_s
 --   data_wait_s DOUBLE           -- host data_wait spans
---   gap_s DOUBLE                 -- host time before the rank issued its ops (launch delays, pauses)
+--   gap_s DOUBLE                 -- host time before the rank issued its ops (launch delays, pauses),
+--                                   from the step's start to its first span and after its last span too
 --   gap_p2p_s, gap_coll_s DOUBLE -- the part of gap_s right before p2p / collective issues
 --   own_s DOUBLE                 -- time the rank itself was busy or slow: compute + data wait + gaps
 --   other_s DOUBLE               -- step time covered by no blocking span (= gap_s, kept for readers)
@@ -38,26 +39,33 @@ WITH _per_rank_step AS (
         sum(recv_ns) / 1e9 AS recv_s, sum(collective_ns) / 1e9 AS collective_s,
         sum(nested_ns) / 1e9 AS nested_wait_s, sum(data_wait_ns) / 1e9 AS data_wait_s,
         sum(gap_ns) / 1e9 AS gap_s, sum(gap_p2p_ns) / 1e9 AS gap_p2p_s, sum(gap_coll_ns) / 1e9 AS gap_coll_s,
-        sum(n_events) AS n_events
+        sum(n_events) AS n_events, min(first_start_ns) AS first_start_ns, max(last_end_ns) AS last_end_ns
     FROM query_table(peer_step)
     GROUP BY rank, step
+), _gaps AS (
+    SELECT s.rank, s.step, s.start_ns, s.end_ns, s.tokens, s.model_flops, e.* EXCLUDE (rank, step),
+        CASE WHEN residual_gaps
+             THEN greatest((s.end_ns - s.start_ns) / 1e9 - coalesce(e.compute_s, 0) - coalesce(e.recv_s, 0)
+                           - coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0)
+             -- the gaps between events, and the step's edges: host time from the step's start to its
+             -- first span and from its last span to the step's end (an attached job's code outside
+             -- any hooked span: a 30 ms sleep before the forward was in no column, issue 31 item 4)
+             ELSE coalesce(e.gap_s, 0) + greatest(coalesce((e.first_start_ns - s.start_ns) / 1e9, 0), 0)
+                  + greatest(coalesce((s.end_ns - e.last_end_ns) / 1e9, 0), 0)
+        END AS host_gap_s
+    FROM query_table(steps) s
+    LEFT JOIN _per_rank_step e USING (rank, step)
+    WHERE s.step >= first_step
 )
-SELECT s.rank, s.step, t.pp, t.dp, t.tp, t.host, s.start_ns, s.end_ns,
-    (s.end_ns - s.start_ns) / 1e9 AS step_time_s, s.tokens, s.model_flops,
-    greatest(coalesce(e.compute_s, 0), 0) AS compute_s, coalesce(e.forward_s, 0) AS forward_s,
-    coalesce(e.backward_s, 0) AS backward_s, coalesce(e.optimizer_s, 0) AS optimizer_s,
-    coalesce(e.recv_s, 0) AS recv_s, coalesce(e.collective_s, 0) AS collective_s,
-    coalesce(e.nested_wait_s, 0) AS nested_wait_s, coalesce(e.data_wait_s, 0) AS data_wait_s,
-    CASE WHEN residual_gaps THEN greatest((s.end_ns - s.start_ns) / 1e9 - coalesce(e.compute_s, 0) - coalesce(e.recv_s, 0)
-        - coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0) ELSE coalesce(e.gap_s, 0) END AS gap_s,
-    coalesce(e.gap_p2p_s, 0) AS gap_p2p_s, coalesce(e.gap_coll_s, 0) AS gap_coll_s,
-    greatest(coalesce(e.compute_s, 0), 0) + coalesce(e.data_wait_s, 0)
-        + CASE WHEN residual_gaps THEN greatest((s.end_ns - s.start_ns) / 1e9 - coalesce(e.compute_s, 0) - coalesce(e.recv_s, 0)
-        - coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0) ELSE coalesce(e.gap_s, 0) END AS own_s,
-    CASE WHEN residual_gaps THEN greatest((s.end_ns - s.start_ns) / 1e9 - coalesce(e.compute_s, 0) - coalesce(e.recv_s, 0)
-        - coalesce(e.collective_s, 0) - coalesce(e.data_wait_s, 0), 0) ELSE coalesce(e.gap_s, 0) END AS other_s,
-    coalesce(e.n_events, 0)::BIGINT AS n_events
-FROM query_table(steps) s
+SELECT g.rank, g.step, t.pp, t.dp, t.tp, t.host, g.start_ns, g.end_ns,
+    (g.end_ns - g.start_ns) / 1e9 AS step_time_s, g.tokens, g.model_flops,
+    greatest(coalesce(g.compute_s, 0), 0) AS compute_s, coalesce(g.forward_s, 0) AS forward_s,
+    coalesce(g.backward_s, 0) AS backward_s, coalesce(g.optimizer_s, 0) AS optimizer_s,
+    coalesce(g.recv_s, 0) AS recv_s, coalesce(g.collective_s, 0) AS collective_s,
+    coalesce(g.nested_wait_s, 0) AS nested_wait_s, coalesce(g.data_wait_s, 0) AS data_wait_s,
+    g.host_gap_s AS gap_s, coalesce(g.gap_p2p_s, 0) AS gap_p2p_s, coalesce(g.gap_coll_s, 0) AS gap_coll_s,
+    greatest(coalesce(g.compute_s, 0), 0) + coalesce(g.data_wait_s, 0) + g.host_gap_s AS own_s,
+    g.host_gap_s AS other_s,
+    coalesce(g.n_events, 0)::BIGINT AS n_events
+FROM _gaps g
 JOIN topology t USING (rank)
-LEFT JOIN _per_rank_step e USING (rank, step)
-WHERE s.step >= first_step

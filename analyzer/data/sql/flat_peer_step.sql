@@ -11,6 +11,7 @@
 --   gap_ns, gap_p2p_ns, gap_coll_ns BIGINT  -- 0 (rank_step.sql takes the step residual)
 --   send_min_ns BIGINT, sends BIGINT, recv_min_ns BIGINT  -- fastest send / receive span, send count
 --   n_events BIGINT
+--   first_start_ns, last_end_ns BIGINT  -- the first event's start, the last end (rank_step.sql's step edges)
 CREATE OR REPLACE TEMP MACRO flat_peer_step(coded) AS TABLE
 SELECT rank, step, peer,
     coalesce(sum(end_ns - start_ns) FILTER (WHERE role <= 3), 0)::BIGINT AS compute_ns,
@@ -25,6 +26,8 @@ SELECT rank, step, peer,
     min(end_ns - start_ns) FILTER (WHERE role = 7) AS send_min_ns,
     count(*) FILTER (WHERE role = 7) AS sends,
     min(end_ns - start_ns) FILTER (WHERE role = 8) AS recv_min_ns,
-    count(*) AS n_events
+    count(*) AS n_events,
+    min(start_ns) AS first_start_ns,
+    max(end_ns) AS last_end_ns
 FROM query_table(coded)
 GROUP BY rank, step, peer

@@ -38,6 +38,12 @@ HEATMAP_GROUP = "heatmap-group"
 HEATMAP_ORDER = "heatmap-order"
 HEATMAP_GRAPH = "heatmap-graph"
 
+# links (dashboard/pages/links.py)
+LINKS_METRIC = "links-metric"
+LINKS_GRAPH = "links-graph"
+LINKS_FINDINGS = "links-findings"
+LINKS_FINDINGS_TABLE = "links-findings-table"
+
 # timeline (dashboard/pages/timeline.py)
 TIMELINE_STEP = "timeline-step"
 TIMELINE_RANKS = "timeline-ranks"
@@ -46,6 +52,8 @@ TIMELINE_CRITICAL = "timeline-critical"
 TIMELINE_NOTICES = "timeline-notices"
 TIMELINE_SELECTED = "timeline-selected"
 """dcc.Store: the event id of the clicked event."""
+TIMELINE_FOLLOWED = "timeline-followed"
+"""dcc.Store: the last step the step box was filled with (it follows the run's last step until changed)."""
 TIMELINE_GRAPH = "timeline-graph"
 TIMELINE_DETAILS = "timeline-details"
 TIMELINE_SELECTION = "timeline-selection"

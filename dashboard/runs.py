@@ -19,12 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from megascope.analyzer import Run
+from megascope.tracer.run_dir import INCIDENTS_FILE, MANIFEST, SELF_CHECK_DIR
 
 CATALOG_KEY = "MEGASCOPE_RUN_CATALOG"
 """Where the catalog lives in the Flask config of the app serving it."""
 
 _WATCHED = ("steps", "events", "gpu", "inflight")
-_WATCHED_FILES = ("run.json", "incidents.jsonl", "self_check")  # appended / added to by the driver
+_WATCHED_FILES = (MANIFEST, INCIDENTS_FILE, SELF_CHECK_DIR)  # appended / added to by the driver
 _SIGNATURE_TTL_S = 1.0  # stat the directories at most once a second per run
 _MEMO_SIZE = 128
 

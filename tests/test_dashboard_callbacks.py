@@ -56,10 +56,10 @@ def app(runs) -> dash.Dash:
 @pytest.fixture(scope="module")
 def pages(app):
     """The page modules of the app over the three runs (Dash executes them when the app is built)."""
-    from megascope.dashboard.pages import compare, gpu, heatmap, overview, timeline, topology
+    from megascope.dashboard.pages import compare, gpu, heatmap, links, overview, timeline, topology
 
     with app.server.test_request_context():
-        yield dict(overview=overview, heatmap=heatmap, timeline=timeline, topology=topology, gpu=gpu,
+        yield dict(overview=overview, heatmap=heatmap, links=links, timeline=timeline, topology=topology, gpu=gpu,
                    compare=compare)
 
 

@@ -13,7 +13,7 @@ from megascope.dashboard.runs import current_catalog
 from megascope.dashboard.series_figure import comparison_figure
 from megascope.dashboard.widgets import notices
 
-dash.register_page(__name__, path="/compare", name="Compare runs", order=5, title="megascope: compare runs")
+dash.register_page(__name__, path="/compare", name="Compare runs", order=6, title="megascope: compare runs")
 
 
 def layout(**_query: str) -> html.Div:

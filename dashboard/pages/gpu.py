@@ -12,7 +12,7 @@ from megascope.dashboard.runs import current_catalog
 from megascope.dashboard.series_figure import gpu_figure
 from megascope.dashboard.widgets import data_table
 
-dash.register_page(__name__, path="/gpu", name="GPU health", order=4, title="megascope: GPU health")
+dash.register_page(__name__, path="/gpu", name="GPU health", order=5, title="megascope: GPU health")
 
 GPU_METRICS = {"gpu_util": "GPU utilization (%)", "mem_util": "memory utilization (%)",
                "mem_used_bytes": "memory used (bytes)", "power_w": "power (W)", "temp_c": "temperature (C)",

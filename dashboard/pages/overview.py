@@ -11,6 +11,7 @@ from dash import Input, Output, callback, dcc, html
 from dash.development.base_component import Component
 
 from megascope.analyzer import Finding, Run
+from megascope.analyzer.views.links import finding_links
 from megascope.analyzer.views.live_findings import LiveFinding
 from megascope.dashboard import ids
 from megascope.dashboard.incidents_view import incidents_panel
@@ -121,8 +122,15 @@ def live_table(rows: list[LiveFinding], run_index: int) -> Component:
     return html.Table([html.Thead(head), html.Tbody(body)], className="grid findings", id=ids.OVERVIEW_LIVE_TABLE)
 
 
+def _view_of(finding: Finding) -> tuple[str, str | None]:
+    """(page, heatmap metric) of a finding: a network finding on p2p links is drawn on the link view."""
+    if finding_links(finding):
+        return "links", None
+    return _FINDING_VIEWS.get(finding.kind, ("timeline", None))
+
+
 def _page_of(finding: Finding) -> str:
-    return _FINDING_VIEWS.get(finding.kind, ("timeline", None))[0]
+    return _view_of(finding)[0]
 
 
 def timeline_href(finding: Finding, run_index: int) -> str:
@@ -134,8 +142,9 @@ def timeline_href(finding: Finding, run_index: int) -> str:
 
 
 def finding_href(finding: Finding, run_index: int) -> str:
-    """The page that shows a finding: the heatmap on its metric, or the topology for a hang."""
-    page, metric = _FINDING_VIEWS.get(finding.kind, ("timeline", None))
+    """The page that shows a finding: the link view for a network finding on p2p links, the heatmap on
+    its metric, or the topology for a hang."""
+    page, metric = _view_of(finding)
     query: dict[str, object] = {"run": run_index}
     if metric:
         query["metric"] = metric

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dash
 import pandas as pd
-from dash import Input, Output, callback, dcc, html
+from dash import Input, Output, State, callback, dcc, html
 from dash.development.base_component import Component
 
 from megascope.analyzer import Run
@@ -14,7 +14,7 @@ from megascope.dashboard.runs import current_catalog
 from megascope.dashboard.timeline_figure import Highlight, related_events, timeline_figure
 from megascope.dashboard.widgets import notices
 
-dash.register_page(__name__, path="/timeline", name="Timeline", order=2, title="megascope: timeline")
+dash.register_page(__name__, path="/timeline", name="Timeline", order=3, title="megascope: timeline")
 
 MAX_ROWS = 32  # ranks on screen at once: a timeline is for reading, the heatmap is for scanning
 _VIEWS = {"ranks": "chosen ranks", "pp": "their pipeline", "dp": "their data-parallel group",
@@ -38,6 +38,7 @@ def layout(step: str | None = None, ranks: str | None = None, view: str = "pp", 
         ]),
         html.Div(id=ids.TIMELINE_NOTICES),
         dcc.Store(id=ids.TIMELINE_SELECTED),
+        dcc.Store(id=ids.TIMELINE_FOLLOWED),
         dcc.Loading(dcc.Graph(id=ids.TIMELINE_GRAPH, config={"displaylogo": False})),
         html.Div(id=ids.TIMELINE_DETAILS, className="panel"),
     ])
@@ -47,6 +48,28 @@ def layout(step: str | None = None, ranks: str | None = None, view: str = "pp", 
 def rank_options(run_value: int | None):
     topology = current_catalog().cached(run_value, ("topology",), lambda run: run.topology)
     return [{"label": rank_label(topology, int(r)), "value": int(r)} for r in topology["rank"]]
+
+
+@callback(Output(ids.TIMELINE_STEP, "value"), Output(ids.TIMELINE_FOLLOWED, "data"),
+          Input(ids.APP_RUN, "value"), Input(ids.APP_INTERVAL, "n_intervals"),
+          State(ids.TIMELINE_STEP, "value"), State(ids.TIMELINE_FOLLOWED, "data"))
+def follow_last_step(run_value: int | None, _tick: int | None, step: int | None, followed: int | None):
+    """Fill an empty step box (the page opened without ?step=) with the run's last step, the one drawn,
+    so the page says which step it shows, and move it on as a live run records more; a step the user
+    gave (the link's, or typed) stays."""
+    step = _int_or_none(step)
+    if step is not None and step != followed:
+        return dash.no_update, dash.no_update
+    last = current_catalog().cached(run_value, ("last_step",), last_step)
+    if last is None or last == step:
+        return dash.no_update, dash.no_update
+    return last, last
+
+
+def last_step(run: Run) -> int | None:
+    """The last step any rank recorded (None: none yet)."""
+    steps = run.steps()
+    return None if steps.empty else int(steps["step"].max())
 
 
 @callback(Output(ids.TIMELINE_SELECTED, "data"), Input(ids.TIMELINE_GRAPH, "clickData"), prevent_initial_call=True)

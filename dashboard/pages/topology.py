@@ -19,7 +19,7 @@ from megascope.dashboard.runs import current_catalog
 from megascope.dashboard.topology_figure import clicked_rank, topology_figure
 from megascope.dashboard.widgets import data_table, key_values, notices
 
-dash.register_page(__name__, path="/topology", name="Topology", order=3, title="megascope: topology")
+dash.register_page(__name__, path="/topology", name="Topology", order=4, title="megascope: topology")
 
 _COLORS = {**{k: f"{v}, median over steps" for k, v in METRICS.items()}, "findings": "worst finding (severity)"}
 

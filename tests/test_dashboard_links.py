@@ -142,3 +142,4 @@ def test_the_timeline_step_box_shows_the_step_it_draws(pages):
     assert follow(0, 0, "7", None) == (dash.no_update, dash.no_update)  # a linked step stays
     assert follow(0, 1, 7, STEPS - 1) == (dash.no_update, dash.no_update)  # a typed one too
     assert follow(1, 0, STEPS - 1, STEPS - 1) == (11, 11)  # another run: its last step, still followed
+

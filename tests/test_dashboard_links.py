@@ -78,7 +78,7 @@ def test_link_rows_are_the_pipeline_links_grouped_by_host_pair(pages):
 @pytest.mark.parametrize("metric", ["transfer", "wait", "rate"])
 def test_the_flapping_link_stands_out_on_its_episodes_only(pages, metric):
     figure, _ = pages["links"].update_links(metric, 0, 0)
-    z = np.asarray(figure.data[0].z, dtype=float)
+    z = np.asarray(figure.data[0].customdata, dtype=float)  # the values (z: their log10, the colors)
     row = _row(figure, FLAP_LINK)
     down = [s for a, b in EPISODES for s in range(a, b + 1)]
     up = [s for s in range(1, STEPS) if s not in down]  # step 0: warm-up

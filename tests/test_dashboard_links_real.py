@@ -48,4 +48,4 @@ def test_link_view_of_the_real_trainer_reads_its_waits_and_payloads(tmp_path):
         expected = {"wait": e[e["name"].str.endswith(".wait")].dur.sum(), "transfer": max(ab, ba),
                     "rate": min(ab_bytes / ab, ba_bytes / ba)}
         for metric, value in expected.items():
-            assert float(figures[metric].data[0].z[0][col]) == pytest.approx(value, rel=1e-6), (metric, step)
+            assert float(figures[metric].data[0].customdata[0][col]) == pytest.approx(value, rel=1e-6), (metric, step)

@@ -26,6 +26,7 @@ from tests.browser import chromium_driver, serve_in_thread, wait_for  # noqa: E4
 PAGES: dict[str, tuple[str, ...]] = {
     "overview": ("/", f"#{ids.OVERVIEW_MFU} .main-svg"),
     "heatmap": ("/heatmap?metric=compute", f"#{ids.HEATMAP_GRAPH} .main-svg"),
+    "links": ("/links?metric=wait", f"#{ids.LINKS_GRAPH} .main-svg"),
     "timeline": ("/timeline?view=pp", f"#{ids.TIMELINE_GRAPH} .main-svg"),
     "topology": ("/topology?color=compute", f"#{ids.TOPOLOGY_RANK_DETAILS}"),
     "gpu": ("/gpu", f"#{ids.GPU_GRAPH} .main-svg"),

@@ -79,7 +79,8 @@ def test_overview_shows_the_watchers_findings_as_they_change(source, tmp_path):
         watcher.close()
         cells = [_text(c) for c in next(r for r in overview.refresh_live(0, 0).children[1].children
                                         if "straggler" in _text(r)).children]
-        assert cells[0] == "ended, confirmed" and cells[5] != ""
+        # the straggler holds to the last step: open at the end of the run (no ended step), confirmed
+        assert cells[0] == "open, confirmed" and cells[5] == ""
     final = [f for f in Run.open(live).findings() if f.kind == "straggler"]
     assert [f.ranks for f in final] == [[STRAGGLER]]
 
@@ -89,12 +90,14 @@ def test_read_live_findings_folds_episodes_and_skips_a_partial_line(tmp_path):
     recs = [dict(base, event="start", steps=[5, 7], at_step=7), dict(base, event="end", steps=[5, 12], at_step=17),
             dict(base, event="start", steps=[30, 32], at_step=32), dict(base, kind="hang", event="start",
                                                                          steps=[40, 40], at_step=41),
+            dict(base, event="open_at_end", steps=[30, 45], at_step=45),
             dict(base, event="final", steps=[5, 35], at_step=45)]
     path = tmp_path / FINDINGS_FILE
     path.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"kind": "strag')
     rows = read_live_findings(path)
-    assert [(r.finding.kind, r.onset, r.state, r.seen_at, r.ended_at, r.final) for r in rows] == [
-        ("straggler", 5, "ended", 7, 17, False), ("straggler", 30, "open", 32, None, True),
-        ("hang", 40, "open", 41, None, False)]
+    assert [(r.finding.kind, r.onset, r.state, r.seen_at, r.ended_at, r.final, r.at_end) for r in rows] == [
+        ("straggler", 5, "ended", 7, 17, False, False), ("straggler", 30, "open", 32, None, True, True),
+        ("hang", 40, "open", 41, None, False, False)]
+    assert rows[1].finding.steps == (30, 45)
     assert rows[0].finding.steps == (5, 12)
     assert read_live_findings(tmp_path / "missing.jsonl") == []

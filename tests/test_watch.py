@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import jsonschema
+import pandas.testing as pd_testing
 import pytest
 
 from megascope.analyzer import Run, build_report
@@ -24,10 +25,11 @@ from megascope.analyzer.data.summary_cache import is_current
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.report.build import json_safe
 from megascope.analyzer.watch import watcher as watch
+from megascope.analyzer.watch.live_rows import LiveRows
 from megascope.analyzer.watch.sinks import BackgroundSink, post_json
 from megascope.analyzer.watch.tracker import Tracker
 from megascope.analyzer.watch.watcher import WatchConfig, Watcher
-from megascope.analyzer.watch.window import SegmentSteps, WindowStore
+from megascope.analyzer.watch.window import LiveStore, derive
 from tests.watch_feed import Feeder, simulate_steps
 
 SCHEMA = json.loads((Path(__file__).parents[1] / "docs" / "report.schema.json").read_text())
@@ -81,9 +83,11 @@ def test_straggler_found_once_delivered_and_final_equals_analyze(straggler_run, 
     lines = [json.loads(x) for x in (live / "findings.jsonl").read_text().splitlines()]
     assert lines == watcher.records
     starts = [r for r in lines if r["event"] == "start"]
-    ends = [r for r in lines if r["event"] == "end"]
+    ends = [r for r in lines if r["event"] in ("end", "open_at_end")]
     assert [(r["kind"], r["ranks"]) for r in starts] == [("straggler", [5])]  # once, nothing else
-    assert [(r["kind"], r["ranks"]) for r in ends] == [("straggler", [5])]
+    # the straggler holds to the last step: open at the end of the run, not ended
+    assert [(r["event"], r["kind"], r["ranks"], r["steps"]) for r in ends] == [
+        ("open_at_end", "straggler", [5], [ONSET, 19])]
     assert starts[0]["steps"][0] == ONSET and starts[0]["at_step"] <= ONSET + 3  # live, not at the end
     for record in lines:
         FINDING.validate({k: v for k, v in record.items() if k not in RECORD_KEYS})
@@ -124,7 +128,7 @@ def test_dead_webhook_does_not_hold_the_watcher(straggler_run, tmp_path):
     assert watcher.poll()
     watcher.finish()
     # every record reached the file while the webhook thread was still retrying the first one
-    assert [r["event"] for r in watcher.records] == ["start", "end", "final"]
+    assert [r["event"] for r in watcher.records] == ["start", "open_at_end", "final"]
     assert hook.delivered == 0
     watcher.close()
     assert hook.delivered == 0 and (hook.failed or any("not delivered" in m for m in logged))
@@ -135,7 +139,7 @@ def test_failing_tick_is_logged_counted_and_survived(straggler_run, tmp_path, mo
     feeder = Feeder(straggler_run, live)
     logged: list[str] = []
     watcher = Watcher(live, WatchConfig(summary=False), log=logged.append)
-    real = watch.analyze_window
+    real = watch.judge_window
     calls = {"n": 0}
 
     def flaky(*args, **kwargs):
@@ -144,7 +148,7 @@ def test_failing_tick_is_logged_counted_and_survived(straggler_run, tmp_path, mo
             raise OSError("disk hiccup")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(watch, "analyze_window", flaky)
+    monkeypatch.setattr(watch, "judge_window", flaky)
     feeder.feed(ONSET + 6)
     assert not watcher.poll()
     assert watcher.state.errors == 1 and "disk hiccup" in logged[0] and "retrying in 1 s" in logged[0]
@@ -185,8 +189,8 @@ def test_cli_on_a_finished_run_prints_the_verdict_and_exits(straggler_run, tmp_p
                           check=False, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert [line.split()[2:4] for line in lines] == [["NEW", "straggler"], ["ENDED", "straggler"],
-                                                     ["FINAL", "straggler"]]
+    assert [line.split()[2:5] for line in lines] == [["NEW", "straggler", "(steps"], ["OPEN", "AT", "END"],
+                                                     ["FINAL", "straggler", "(steps"]]
     assert "run finished at step 19: 1 finding(s), 0 still open" in done.stderr
     assert len((run / "findings.jsonl").read_text().splitlines()) == 3
 
@@ -221,7 +225,7 @@ def test_restarted_watcher_does_not_announce_again(straggler_run, tmp_path):
     second = Watcher(live, WatchConfig(summary=False), log=logged.append)
     follow(feeder, second)
     second.close()
-    assert [r["event"] for r in second.records] == ["end", "final"]
+    assert [r["event"] for r in second.records] == ["open_at_end", "final"]
     assert any("skipped 1 unreadable line" in m for m in logged)
     assert any("1 finding(s) still open" in m for m in logged)
 
@@ -236,7 +240,7 @@ def test_damaged_segment_is_survived(straggler_run, tmp_path):
     watcher.close()
     assert watcher.follower.unreadable == ["steps/rank=00002/seg-999999.parquet"]
     assert [(r["event"], r["kind"], r["ranks"]) for r in watcher.records] == [
-        ("start", "straggler", [5]), ("end", "straggler", [5]), ("final", "straggler", [5])]
+        ("start", "straggler", [5]), ("open_at_end", "straggler", [5]), ("final", "straggler", [5])]
 
 
 def test_webhook_retries_until_the_endpoint_answers():
@@ -269,20 +273,26 @@ def test_webhook_retries_until_the_endpoint_answers():
     assert (sink.delivered, sink.failed, logged) == (1, 0, [])
 
 
-def test_window_opens_only_its_segments_and_sees_the_same_rows(straggler_run, tmp_path):
+def test_live_rows_summarize_each_step_once_and_equal_the_event_pass(straggler_run, tmp_path):
+    """The rows the watcher summarizes as the run lands, a few steps a tick, are the event pass's
+    rank_step rows of the finished run, value for value (the detectors read the same table)."""
     live = tmp_path / "live"
-    Feeder(straggler_run, live).feed(20)  # one segment per rank and step
-    pruned = Run(WindowStore(live, ONSET - 2, ONSET + 6, index=SegmentSteps()))
-    whole = Run(WindowStore(live, ONSET - 2, ONSET + 6))
-    assert pruned.store.pruned == {"events", "steps"} and not whole.store.pruned
-    names = sorted({Path(f).name for f in pruned.store.files["steps"]})
-    assert names == [f"seg-{s:06d}.parquet" for s in range(ONSET - 2, ONSET + 7)]
-    assert len(whole.store.files["steps"]) == 20 * 8
-    a, b = pruned.rank_steps(), whole.rank_steps()
-    assert len(a) == 9 * 8 and a.equals(b)
-    found = [f.to_dict() for f in pruned.findings()]
-    assert found == [f.to_dict() for f in whole.findings()]
-    assert [(f["kind"], f["ranks"]) for f in found] == [("straggler", [5])]
+    feeder = Feeder(straggler_run, live)
+    rows = LiveRows(live, json.loads((straggler_run / "run.json").read_text()), keep=1000)
+    lister = watch.SegmentLister(live)
+    while feeder.next < feeder.total:
+        feeder.feed(3)
+        rows.add(lister.new())
+        rows.summarize()
+    assert lister.new() == [] and rows.late_rows == 0
+    assert rows.done_through == feeder.steps[-1]
+    store = LiveStore(live)
+    derive(store, {name: rows.window(name, 0, rows.done_through) for name in rows.rows}, rows.base or 0)
+    columns = "* EXCLUDE (host)"
+    mine = store.query(f"SELECT {columns} FROM rank_step ORDER BY step, rank")
+    truth = Run.open(live).rank_steps().drop(columns="host")
+    assert len(mine) == len(feeder.steps) * 8
+    pd_testing.assert_frame_equal(mine.reset_index(drop=True), truth.reset_index(drop=True), check_dtype=False)
 
 
 def test_hang_is_announced_and_stays_open_when_the_run_goes_idle(tmp_path):

@@ -1,7 +1,8 @@
 """Read back what `megascope watch` announced: RUN/findings.jsonl folded into one row per finding.
 
-The watcher appends a `start` record when a finding appears, an `end` record when it no longer holds
-and `final` records with the verdict on the finished run (docs/watch.md, Records). The dashboard shows
+The watcher appends a `start` record when a finding appears, an `end` record when it no longer holds,
+an `open_at_end` record when it still held when the run finished, and `final` records with the verdict
+on the finished run (docs/watch.md, Records). The dashboard shows
 the fold: each finding with its onset step and whether it is still open. A finding known by its kind
 and ranks that ends and later comes back is two rows (two episodes).
 """
@@ -21,12 +22,14 @@ class LiveFinding:
     finding: Finding
     """As last announced: steps[0] is the onset, steps[1] the last affected step seen."""
     state: str
-    """'open' (announced, not ended) or 'ended'."""
+    """'open' (announced, not ended: also when it held until the run finished, `at_end`) or 'ended'."""
     seen_at: int
     """The last complete step when the watcher announced it (detection latency = seen_at - onset)."""
     ended_at: int | None = None
     final: bool = False
     """The full analysis of the finished run confirmed it."""
+    at_end: bool = False
+    """It still held when the run finished (`open_at_end`): open until the last step, never ended."""
 
     @property
     def onset(self) -> int:
@@ -57,11 +60,13 @@ def read_live_findings(path: str | Path) -> list[LiveFinding]:
             continue
         key = (finding.kind, tuple(sorted(finding.ranks)))
         row = latest.get(key)
-        if row is None or (event in ("start", "end") and row.state == "ended"):
+        if row is None or (event in ("start", "end", "open_at_end") and row.state == "ended"):
             row = latest[key] = LiveFinding(finding, "open", at)
             rows.append(row)
         if event == "end":  # its steps run from the onset the watcher kept to the last affected step
             row.state, row.ended_at, row.finding = "ended", at, finding
+        elif event == "open_at_end":
+            row.at_end, row.finding = True, finding
         elif event == "final":
             row.final = True
     return rows

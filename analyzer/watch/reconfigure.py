@@ -41,6 +41,7 @@ def status_of(watcher: Watcher) -> dict[str, Any]:
                       "run_id": watcher.run_id, "findings_file": str(watcher.findings_path()),
                       "waiting_for_run_json": follower is None},
         "progress": {"analyzed_step": analyzed,
+                     "summarized_step": state.summarized_step,
                      "complete_step": progress.complete_step if progress else None,
                      "newest_step": newest,
                      "last_step": progress.last_step if progress else None,
@@ -55,6 +56,8 @@ def status_of(watcher: Watcher) -> dict[str, Any]:
         "open_findings": [{"kind": f.kind, "ranks": f.ranks, "steps": list(f.steps), "severity": f.severity}
                           for f in open_now],
         "ticks": state.ticks, "errors": state.errors, "uptime_s": now - watcher.started_at,
+        "judge_cpu_s": state.judge_cpu_s,
+        "late_rows": follower.late_rows if follower is not None else 0,
     }
 
 

@@ -1,7 +1,8 @@
 """Where the watcher's records go: stdout, RUN/findings.jsonl, a webhook, a command.
 
 A record is one finding as `analyze --json` writes it (kind, ranks, hosts, steps, severity, summary,
-evidence) plus `event` ('start', 'end' or 'final'), `at_step` and `time`. The webhook and the command
+evidence) plus `event` ('start', 'end', 'open_at_end' or 'final'), `at_step` and `time` (UTC, ms). The
+webhook and the command
 run on background threads behind bounded queues, so a dead endpoint or a slow command never holds
 the watcher back; what they could not deliver is counted and logged, never raised.
 """
@@ -29,7 +30,8 @@ Log = Callable[[str], None]
 def line_of(record: Record) -> str:
     """One line for a person: what changed, where, and the finding's own sentence."""
     steps = record["steps"]
-    verb = {"start": "NEW", "end": "ENDED", "final": "FINAL"}.get(record["event"], record["event"])
+    verb = {"start": "NEW", "end": "ENDED", "open_at_end": "OPEN AT END", "final": "FINAL"}.get(record["event"],
+                                                                                               record["event"])
     return f"[step {record['at_step']}] {verb} {record['kind']} (steps {steps[0]}-{steps[1]}): {record['summary']}"
 
 
@@ -143,4 +145,6 @@ def run_command(command: str, timeout_s: float = 60.0) -> Callable[[Record], Non
 
 
 def now_iso() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    """UTC with milliseconds: records of one tick are apart by less than a second."""
+    now = time.time()
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(now)) + f".{int(now * 1000) % 1000:03d}Z"

@@ -24,7 +24,7 @@ def key_of(finding: Finding) -> Key:
 @dataclass
 class Change:
     event: str
-    """'start' or 'end'."""
+    """'start', 'end', or 'open_at_end' (still held when the run finished)."""
     finding: Finding
     at_step: int
     """The last complete step when the change was seen."""
@@ -60,8 +60,10 @@ class Tracker:
             changes.append(Change("end", self.open.pop(key), at_step))
         return changes
 
-    def close_all(self, at_step: int) -> list[Change]:
-        """End every open finding (the run is over)."""
-        changes = [Change("end", f, at_step) for f in self.open.values()]
+    def close_at_end(self, at_step: int) -> list[Change]:
+        """The run is over at `at_step`: what still held at its last steps (within end_after, or a hang)
+        is 'open_at_end' (it never ended: the run did), the rest 'end'. Nothing stays open."""
+        changes = [Change("open_at_end" if f.kind == "hang" or f.steps[1] >= at_step - self.end_after else "end",
+                          f, at_step) for f in self.open.values()]
         self.open.clear()
         return changes

@@ -1,15 +1,22 @@
 """`megascope watch RUN`: live diagnosis beside a running job.
 
-Each poll lists the run's segments and in-flight records; when they changed, one tick:
-1. reads how far the run got from the new steps segments only (window.ProgressFollower);
-2. when the last complete step advanced, extends the persisted rank-step summary from the new steps
+Each poll looks for the segments that landed since the last one (listing.SegmentLister: one stat per
+rank folder) and the in-flight records; when there are any, one tick:
+1. reads the new segments only, learns how far each rank got, and summarizes the rank-steps that are
+   complete now, once each (live_rows.LiveRows: per-rank state, the edge macros the tracers run);
+2. when the last summarized step advanced, extends the persisted rank-step summary from the new steps
    only (summary_cache.py), so the dashboard's heatmap is current, and (also when hang records
-   appeared) runs the default detectors over the last `window` complete steps (analyze_window);
-3. compares those findings with the open ones (tracker.Tracker) and sends each start and end to
-   the sinks (sinks.py: stdout, RUN/findings.jsonl, webhook, command), updates the metrics.
+   appeared) runs the default detectors over the last `window` summarized steps (window.judge_window:
+   from the summaries, not the events) - every step while a judgement costs at most `judge_cpu_s` of
+   CPU per step of the job, every few steps past that (a 12,288-rank window takes seconds);
+3. compares those findings with the open ones (tracker.Tracker), dates a new one whose onset is the
+   window's first step from the kept summaries before the window (its true onset), and sends each
+   start and end to the sinks (sinks.py: stdout, RUN/findings.jsonl, webhook, command), updates the
+   metrics.
 When the run is finished (every rank recorded run.json's last step) or has been idle for
 `idle_exit_s`, the watcher runs the full analysis (what `megascope analyze` finds), announces what the
-windows missed, ends what is open and writes each final finding ('final' records), then stops.
+windows missed, ends what no longer holds, reports what still held at the last step as open at the
+end, writes each final finding ('final' records), then stops.
 A tick that fails is logged, counted and retried with backoff; the watcher keeps going.
 """
 
@@ -33,6 +40,8 @@ from megascope.analyzer.report.build import json_safe
 from megascope.analyzer.run import Run
 from megascope.analyzer.settings import WATCH_WINDOW, AnalyzerSettings
 from megascope.analyzer.watch.control import ControlApp, serve
+from megascope.analyzer.watch.listing import SegmentLister
+from megascope.analyzer.watch.live_rows import LiveRows, Progress
 from megascope.analyzer.watch.metrics import WatchMetrics
 from megascope.analyzer.watch.sinks import (
     BackgroundSink,
@@ -44,11 +53,15 @@ from megascope.analyzer.watch.sinks import (
     run_command,
 )
 from megascope.analyzer.watch.tracker import Tracker, key_of
-from megascope.analyzer.watch.window import Progress, ProgressFollower, SegmentSteps, analyze_full, analyze_window
+from megascope.analyzer.watch.window import WindowResult, analyze_full, judge_window
 from megascope.tracer import run_dir as rd
 
 MAX_RETRY_S = 60.0
 """A tick that keeps failing is retried at most this far apart (not every poll: the log stays readable)."""
+LOOKBACK_WINDOWS = 3
+"""Summarized steps kept before the window, in windows: a new finding whose onset is the window's first
+step is judged again over them, for its true onset (a 3x straggler seen 67 steps after its onset, with
+a 32-step window, was announced as 'since step 96' instead of 60)."""
 
 
 @dataclass
@@ -62,6 +75,9 @@ class WatchConfig:
     idle_exit_s: float | None = None
     summary: bool = True
     threads: int | None = None
+    judge_cpu_s: float = 0.5
+    """CPU seconds per step of the job the detectors may take: a window is judged every step while a
+    judgement costs at most this, else every ceil(cost / judge_cpu_s) steps (--judge-cpu)."""
     findings_file: Path | None = None
     """Default RUN/findings.jsonl."""
     settings: AnalyzerSettings = field(default_factory=AnalyzerSettings)
@@ -77,8 +93,12 @@ class WatchConfig:
 @dataclass
 class WatchState:
     analyzed_step: int | None = None
+    """The last step of the last window judged."""
+    summarized_step: int | None = None
+    """The last step summarized (LiveRows.done_through)."""
+    judge_cpu_s: float = 0.0
+    """CPU seconds of the last judgement."""
     inflight: frozenset = frozenset()
-    signature: frozenset = frozenset()
     changed_at: float = field(default_factory=time.monotonic)
     progress: Progress | None = None
     errors: int = 0
@@ -104,8 +124,10 @@ class Watcher:
         self.tracker = Tracker(end_after=self.cfg.settings.detect.straggler.max_gap + 1)
         self.state = WatchState()
         self.metrics: WatchMetrics | None = None
-        self.follower: ProgressFollower | None = None
-        self.segment_steps = SegmentSteps()
+        self.follower: LiveRows | None = None
+        self.lister = SegmentLister(self.path)
+        self._pending: list[str] = []
+        """Segments listed and not yet taken in by a tick."""
         self.server: WSGIServer | None = None  # /metrics, when metrics_port is set
         self.sinks: list[Any] = [StdoutSink(out), JsonlSink(self.cfg.findings_file or self.path / rd.FINDINGS_FILE)]
         if self.cfg.on_finding:
@@ -173,23 +195,23 @@ class Watcher:
                 self.log(f"waiting for {self.path / rd.MANIFEST}")
                 self._waiting = True
             return False
-        segments, inflight = self._listing()
+        self._pending += self.lister.new()
+        inflight = self._inflight()
         now = time.monotonic()
-        changed = segments != self.state.signature or inflight != self.state.inflight
-        self.state.pending = len(segments - self.state.signature) + (inflight != self.state.inflight)
+        changed = bool(self._pending) or inflight != self.state.inflight
+        self.state.pending = len(self._pending) + (inflight != self.state.inflight)
         if self.state.pending and self.state.pending_since is None:
             self.state.pending_since = now
-        if changed and now >= self.state.retry_at:
-            new = segments - self.state.signature
-            self.state.signature, self.state.changed_at = segments, now
+        if changed:
+            self.state.changed_at = now
+        if (changed or self.state.failing) and now >= self.state.retry_at:
             try:
-                self.tick(inflight, new)
+                self.tick(inflight)
             except RunOpenError:
                 raise
             except Exception as exc:  # a tick never kills the watcher: logged, counted, retried
                 self.state.errors += 1
-                self.state.failing += 1
-                self.state.signature = frozenset()  # analyze again, after a backoff
+                self.state.failing += 1  # tried again after a backoff, new segments or not
                 delay = min(MAX_RETRY_S, self.cfg.poll_s * 2 ** (self.state.failing - 1))
                 self.state.retry_at = now + delay
                 if self.metrics is not None:
@@ -203,33 +225,82 @@ class Watcher:
         idle = self.cfg.idle_exit_s
         return idle is not None and progress is not None and now - self.state.changed_at >= idle
 
-    def tick(self, inflight: frozenset, new_segments: frozenset) -> None:
-        follower = self._start()
-        follower.add(new_segments)
-        progress = follower.progress()
+    def tick(self, inflight: frozenset) -> None:
+        rows = self._start()
+        new, self._pending = self._pending, []
+        rows.add(new)  # taken in, whatever happens next: a retry must not add them twice
+        progress = rows.progress()
         self.state.progress = progress
         m = self.metrics
         assert m is not None  # _start() has set it
         m.dropped.set(progress.dropped_events)
         m.finished.set(1 if progress.finished else 0)
-        step = progress.complete_step
-        if step is None or (step == self.state.analyzed_step and inflight == self.state.inflight):
+        cfg = self.cfg  # one tick, one config: a change over HTTP takes effect from the next tick
+        rows.keep = cfg.window * (1 + LOOKBACK_WINDOWS)
+        step = rows.summarize(final=progress.finished)
+        hang_changed = inflight != self.state.inflight
+        if step is None or (step == self.state.analyzed_step and not hang_changed):
             return
-        if step != self.state.analyzed_step:
+        if step != self.state.summarized_step:
+            self.state.summarized_step = step
             m.step_advanced(step)
             if self.cfg.summary:  # the dashboard's heatmap: extended from the new steps only
                 Run.open(self.path, threads=self.cfg.threads).refresh_summary()
-        cfg = self.cfg  # one tick, one config: a change over HTTP takes effect from the next tick
-        window = analyze_window(self.path, step - cfg.window + 1, step, cfg.threads, self.segment_steps, cfg.settings)
+        if not hang_changed and not self._judge_due(step):
+            return
+        cpu = time.process_time()
+        first = self._first_step(step)
+        window = judge_window(self.path, rows, first, step, cfg.threads, cfg.settings, bool(inflight))
+        found = self._true_onsets(window.findings, first, step, bool(inflight))
         self.state.analyzed_step, self.state.inflight = step, inflight
-        for change in self.tracker.update(window.findings, step):
+        for change in self.tracker.update(found, step):
             self._send(change.event, change.finding, change.at_step)
+        self.state.judge_cpu_s = time.process_time() - cpu
         self._window_metrics(m, window, step)
         m.ticks.inc()
-        self.state.lag_s = max(0.0, time.time() - max((_mtime(self.path / p) for p in new_segments),
+        steps_new = sorted((p for p in new if p.startswith("steps/")), key=lambda p: p.rsplit("/", 1)[-1])
+        self.state.lag_s = max(0.0, time.time() - max((_mtime(self.path / p) for p in steps_new[-64:]),
                                                       default=time.time()))
         m.lag.set(self.state.lag_s)
         self.state.ticks, self.state.last_tick_at = self.state.ticks + 1, time.monotonic()
+
+    def _first_step(self, step: int) -> int:
+        """The judged window's first step: `window` steps back, or, while a finding is open, from a
+        quarter window before its onset (as far as the kept summaries reach). A window wholly inside a
+        straggler's episode shows the rank slow from its first step, which the detector holds to a
+        stricter test (z_start): judged that way a 2.5x straggler came and went 3 times in 90 steps."""
+        first = step - self.cfg.window + 1
+        onsets = [f.steps[0] for f in self.tracker.open.values() if f.kind != "hang"]
+        kept = self.follower.first_kept() if self.follower is not None else None
+        if onsets and kept is not None:
+            first = min(first, max(kept, min(onsets) - self.cfg.window // 4))
+        return first
+
+    def _judge_due(self, step: int) -> bool:
+        """Whether the window ending at `step` is judged now: the steps since the last judgement times
+        judge_cpu_s pay for what the last one cost."""
+        last = self.state.analyzed_step
+        return last is None or (step - last) * self.cfg.judge_cpu_s >= self.state.judge_cpu_s
+
+    def _true_onsets(self, found: list[Finding], first: int, step: int, hang_records: bool) -> list[Finding]:
+        """`found`, where a finding not open yet starts at the window's first step (it may have begun
+        before): the same finding of the detectors over the kept summaries before the window, when they
+        date it earlier (its summary then says so too)."""
+        rows = self.follower
+        kept = rows.first_kept() if rows is not None else None
+        clipped = [f for f in found if key_of(f) not in self.tracker.open and f.kind != "hang" and f.steps[0] <= first]
+        if rows is None or kept is None or kept >= first or not clipped:
+            return found
+        wider = judge_window(self.path, rows, kept, step, self.cfg.threads, self.cfg.settings, hang_records)
+        earlier = {key_of(f): f for f in wider.findings}
+        out = []
+        for f in found:
+            w = earlier.get(key_of(f)) if f in clipped else None
+            if w is not None and w.steps[0] < f.steps[0]:
+                f = Finding(w.kind, w.ranks, w.hosts, (w.steps[0], max(w.steps[1], f.steps[1])), w.severity,
+                            w.summary, w.evidence)
+            out.append(f)
+        return out
 
     def _finish_logged(self) -> int:
         try:
@@ -246,8 +317,11 @@ class Watcher:
         """The run is over: the full analysis's verdict (equal to `megascope analyze`). A finished run
         ends its open findings; a run that went idle (hung, or stopped short) leaves them open: a
         watcher restarted on it picks them up (findings.jsonl)."""
+        progress = self.state.progress
+        finished = progress is not None and progress.finished
         step = self.state.analyzed_step if self.state.analyzed_step is not None else -1
-        finished = self.state.progress is not None and self.state.progress.finished
+        if finished and progress is not None and progress.complete_step is not None:
+            step = progress.complete_step
         final = analyze_full(self.path, self.cfg.threads, self.cfg.settings)
         for f in final:
             if key_of(f) not in self.tracker.seen:  # the windows missed it (e.g. a slow trend)
@@ -255,7 +329,7 @@ class Watcher:
                 self.tracker.open[key_of(f)] = f
                 self.tracker.seen.add(key_of(f))
         if finished:
-            for change in self.tracker.close_all(step):
+            for change in self.tracker.close_at_end(step):
                 self._send(change.event, change.finding, change.at_step)
         for f in final:
             self._send("final", f, step)
@@ -268,6 +342,8 @@ class Watcher:
     def close(self) -> None:
         for sink in self._all_sinks():
             sink.close()
+        if self.follower is not None:
+            self.follower.close()
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -295,7 +371,7 @@ class Watcher:
             if event == "start":
                 self.tracker.open[key] = finding
                 self.tracker.seen.add(key)
-            elif event == "end":
+            elif event in ("end", "open_at_end"):
                 self.tracker.open.pop(key, None)
         if skipped:
             self.log(f"skipped {skipped} unreadable line(s) of {self.findings_path()}")
@@ -317,7 +393,7 @@ class Watcher:
                     self.metrics.errors.inc()
                 self.log(f"{type(sink).__name__} failed ({exc})")
 
-    def _window_metrics(self, m: WatchMetrics, window, step: int) -> None:
+    def _window_metrics(self, m: WatchMetrics, window: WindowResult, step: int) -> None:
         last = window.per_step[window.per_step.step == step]
         if len(last):
             row = last.iloc[0]
@@ -326,13 +402,13 @@ class Watcher:
             m.stage(int(row.pp), float(row.p50_s), float(row.max_s))
         m.open_findings(list(self.tracker.open.values()))
 
-    def _start(self) -> ProgressFollower:
+    def _start(self) -> LiveRows:
         """At the first tick: check the run opens (RunOpenError otherwise), start the metrics."""
         if self.follower is None:
             store = Store(self.path, threads=self.cfg.threads)
             self.run_id = str(store.manifest.get("run_id") or self.path.name)
             self.metrics = WatchMetrics(self.run_id)
-            self.follower = ProgressFollower(self.path, store.manifest)
+            self.follower = LiveRows(self.path, store.manifest, self.cfg.window * (1 + LOOKBACK_WINDOWS))
         return self.follower
 
     def _all_sinks(self) -> list[Any]:
@@ -353,22 +429,12 @@ class Watcher:
     def findings_path(self) -> Path:
         return self.cfg.findings_file or self.path / rd.FINDINGS_FILE
 
-    def _listing(self) -> tuple[frozenset, frozenset]:
-        """(relative paths of the events and steps segments, (name, mtime) of the in-flight records)."""
-        names: list[str] = []
-        for table in ("events", "steps"):
-            base = self.path / table
-            if not base.is_dir():
-                continue
-            for folder in os.scandir(base):
-                if folder.is_dir() and folder.name.startswith("rank="):
-                    names.extend(f"{table}/{folder.name}/{f.name}" for f in os.scandir(folder.path)
-                                 if f.name.endswith(".parquet") and not f.name.startswith("."))
-        inflight: list[tuple[str, float]] = []
+    def _inflight(self) -> frozenset:
+        """(name, mtime) of the in-flight records (RUN/inflight: the watchdogs' stuck ops)."""
         records = rd.inflight_dir(self.path)
-        if records.is_dir():
-            inflight = [(f.name, f.stat().st_mtime) for f in os.scandir(records) if f.name.endswith(".json")]
-        return frozenset(names), frozenset(inflight)
+        if not records.is_dir():
+            return frozenset()
+        return frozenset((f.name, f.stat().st_mtime) for f in os.scandir(records) if f.name.endswith(".json"))
 
 
 def _mtime(path: Path) -> float:

@@ -1,0 +1,89 @@
+"""Which events and steps segments landed since the last look, without listing every segment each poll.
+
+A tracer names a rank's segments of a table seg-000000, seg-000001, ... in write order, continuing
+after the highest after a restart (tracer/sink.py). A folder seen for the first time is listed whole;
+after that the poll asks only whether its next name exists (one stat per rank and table), so a poll
+costs O(ranks), not O(segments written so far): at 12,288 ranks x 100 flushes a full listing scans
+2.5 M names. Every `full_every_s` each folder is listed whole again, which catches names out of that
+order (a foreign or hand-made file).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from megascope.tracer.sink import SEGMENT_RE, segment_name
+
+TABLES = ("events", "steps")
+
+
+class SegmentLister:
+    def __init__(self, path: Path, full_every_s: float = 60.0) -> None:
+        self.path = path
+        self.full_every_s = full_every_s
+        self._next: dict[str, int] = {}
+        """Per folder (table/rank=NNNNN): the index the tracer writes next (the first missing one)."""
+        self._extra: dict[str, set[str]] = {}
+        """Per folder: the names seen past the next index (out of order, or not the tracer's)."""
+        self._listed_at = time.monotonic()
+
+    def new(self) -> list[str]:
+        """Paths (relative to the run) of the segments that landed since the last call."""
+        full = time.monotonic() - self._listed_at >= self.full_every_s
+        if full:
+            self._listed_at = time.monotonic()
+        out: list[str] = []
+        for table in TABLES:
+            base = self.path / table
+            if not base.is_dir():
+                continue
+            with os.scandir(base) as folders:
+                names = [f.name for f in folders if f.name.startswith("rank=") and f.is_dir()]
+            for name in names:
+                folder = f"{table}/{name}"
+                if full or folder not in self._next:
+                    out += self._list(folder)
+                else:
+                    out += self._probe(folder)
+        return out
+
+    def _list(self, folder: str) -> list[str]:
+        """The folder's segments not seen before."""
+        extra = self._extra.setdefault(folder, set())
+        try:
+            with os.scandir(self.path / folder) as files:
+                names = {f.name for f in files if f.name.endswith(".parquet") and not f.name.startswith(".")}
+        except OSError:
+            return []
+        nxt = self._next.get(folder, 0)
+        fresh = sorted(n for n in names if n not in extra and _index(n) >= nxt)
+        while segment_name(nxt) in names:
+            extra.discard(segment_name(nxt))
+            nxt += 1
+        self._next[folder] = nxt
+        extra.update(n for n in fresh if _index(n) >= nxt)
+        return [f"{folder}/{n}" for n in fresh]
+
+    def _probe(self, folder: str) -> list[str]:
+        """The segments from the next index on, one stat each, until the first missing one."""
+        out: list[str] = []
+        nxt, extra = self._next[folder], self._extra[folder]
+        while True:
+            name = segment_name(nxt)
+            if name in extra:
+                extra.discard(name)
+            elif os.path.exists(self.path / folder / name):
+                out.append(f"{folder}/{name}")
+            else:
+                break
+            nxt += 1
+        self._next[folder] = nxt
+        return out
+
+
+def _index(name: str) -> int:
+    """A segment's index; names not the tracer's sort after every index."""
+    match = SEGMENT_RE.match(name)
+    return int(match.group(1)) if match else 1 << 62

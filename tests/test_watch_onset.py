@@ -1,0 +1,63 @@
+"""Live findings tell the truth about time, through the real `megascope watch` beside a real `megascope
+train` run (4 ranks, gloo): a 3x straggler from step 60 of 200, the watcher started once the job is
+past step 100, so its first window (32 steps) begins well after the onset. The live finding carries its
+true onset (found before the window), the finding still open at the last step is reported open at the
+end (not ended), the final verdict dates it the same, and the records' times have milliseconds."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+ONSET, STEPS, WINDOW = 60, 200, 32
+
+
+def newest_step(run: Path) -> int:
+    """The furthest step rank 0 wrote (its steps segments; -1 before any)."""
+    best = -1
+    for seg in (run / "steps" / "rank=00000").glob("seg-*.parquet"):
+        try:
+            best = max(best, max(pq.read_table(seg, columns=["step"]).column("step").to_pylist(), default=-1))
+        except OSError:
+            continue  # renamed into place while we looked
+    return best
+
+
+def test_live_onset_before_the_window_open_at_the_end_and_ms_times(tmp_path):
+    run = tmp_path / "run"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "megascope", "train", "--preset", "tiny", "--dp", "4", "--steps", str(STEPS),
+         "--run-dir", str(run), "--set", "trace.flush_interval_s=1", "--inject",
+         f"straggler:rank=1,slowdown=3,from={ONSET}"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while newest_step(run) < ONSET + 40 and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert job.poll() is None, "the job ended before the watcher started: " + (job.stderr.read() or "")[-2000:]
+        watch = subprocess.run([sys.executable, "-m", "megascope", "watch", str(run), "--no-summary", "--poll", "0.5",
+                                "--window", str(WINDOW)], capture_output=True, text=True, timeout=600, check=False)
+        assert job.wait(300) == 0, job.stderr.read()[-2000:]
+    finally:
+        job.kill()
+    assert watch.returncode == 0, watch.stderr[-3000:]
+    recs = [json.loads(line) for line in (run / "findings.jsonl").read_text().splitlines()]
+    mine = [r for r in recs if r["kind"] == "straggler" and r["ranks"] == [1]]
+    start = next(r for r in mine if r["event"] == "start")
+    final = next(r for r in mine if r["event"] == "final")
+    # announced after the window had moved past the onset, yet dated from before the window
+    assert start["at_step"] - WINDOW + 1 > ONSET + 5, (start["at_step"], watch.stdout)
+    assert start["steps"][0] == final["steps"][0], (start, final)  # the verdict's onset, not the window's
+    # near the injected step: the detectors dated it 50 (live and final alike) on a run at load 10.6
+    assert ONSET - 20 <= start["steps"][0] <= ONSET + 3, start
+    assert f"since step {start['steps'][0]}" in start["summary"]
+    # still slow at the last step: open at the end of the run, never ended
+    assert [r["event"] for r in mine if r["event"] in ("end", "open_at_end")] == ["open_at_end"]
+    assert next(r for r in mine if r["event"] == "open_at_end")["steps"] == [start["steps"][0], STEPS - 1]
+    assert "OPEN AT END straggler" in watch.stdout and "ENDED straggler" not in watch.stdout
+    assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["time"]) for r in recs)

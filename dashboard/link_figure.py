@@ -29,7 +29,7 @@ def link_figure(view: LinkMap, metric: str) -> go.Figure:
     outlined (one rectangle per run of adjacent rows and episode)."""
     values = view.values.get(metric)
     if values is None or values.size == 0:
-        return empty_figure("No p2p transfers recorded (a run without pipeline stages has no links)")
+        return empty_figure("No p2p transfers recorded yet (a run without pipeline stages has none)")
     spec = LINK_METRICS[metric]
     shown, ticks = _log_scale(values)
     fig = go.Figure(go.Heatmap(

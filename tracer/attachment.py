@@ -49,6 +49,13 @@ from megascope.tracer.module_hooks import ModelHooks, OptimizerHooks, StepCounte
 
 log = logging.getLogger("megascope.tracer")
 SOURCE = "megascope-attach"
+NOTHING_HOOKED = ("attach: no model= or optimizer= given, so only step boundaries and what your code records "
+                  "itself (tracer.span, torch.distributed calls made from Python) are traced: a DDP model's "
+                  "gradient all-reduces and its forward, backward and optimizer steps are not, and `megascope "
+                  "analyze` may have nothing to judge. Pass attach(run_dir, model=model, optimizer=optimizer), "
+                  "or call .watch(model, optimizer) before the first step.")
+"""Warned at attach time on rank 0 when nothing is hooked (issue 31 item 4: such a run analyzed as "Findings:
+none", as if healthy; `analyze` now says it has no verdict)."""
 
 
 class Attachment:
@@ -105,6 +112,8 @@ class Attachment:
                 self.interceptor = DistInterceptor(self.layout, self.rank)
                 self.interceptor.install()
             self.watch(self.model, self.optimizer)
+            if self.model is None and self.optimizer is None and self.rank == 0:
+                log.warning(NOTHING_HOOKED)
             api.set_step(0)
         except BaseException as exc:
             self.close(exc)

@@ -143,3 +143,15 @@ def test_the_timeline_step_box_shows_the_step_it_draws(pages):
     assert follow(0, 1, 7, STEPS - 1) == (dash.no_update, dash.no_update)  # a typed one too
     assert follow(1, 0, STEPS - 1, STEPS - 1) == (11, 11)  # another run: its last step, still followed
 
+
+
+def test_folded_rows_keep_the_worst_cell_and_the_finding(runs):
+    """More links than rows: neighbours share a row that keeps each cell's worst value, and the finding
+    is drawn on the row holding its link."""
+    run = analyzer.Run.open(runs[0])
+    full, folded = run.links(), run.links(max_rows=2)
+    assert folded.rows == ["node0000-node0001 · 0-4 .. 1-5 (2 links)", "node0000-node0001 · 2-6 .. 3-7 (2 links)"]
+    assert folded.row_links == [(0, 4), (2, 6)]
+    np.testing.assert_allclose(folded.values["transfer"][0], np.nanmax(full.values["transfer"][:2], axis=0))
+    np.testing.assert_allclose(folded.values["rate"][1], np.nanmin(full.values["rate"][2:], axis=0))
+    assert [(m.finding.kind, m.rows) for m in folded.marks] == [("network_flap", [0])]

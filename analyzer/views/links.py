@@ -51,7 +51,8 @@ class LinkMark:
 @dataclass
 class LinkMap:
     rows: list[str]
-    """Row labels: 'hostA-hostB · 1-5', or 'hostA-hostB · 1-5 .. 3-7 (4 links)' for a folded row."""
+    """Row labels: 'hostA-hostB · 1-5', or 'hostA-hostB · 1-5 .. 3-7 (4 links)' for a folded row (its
+    first and last host pair when it spans two)."""
     row_links: list[tuple[int, int]]
     """The first link (a, b) of each row: the ranks a click opens in the timeline."""
     host_pairs: list[str]
@@ -86,7 +87,8 @@ def link_map(store: Store, findings: list[Finding] | None = None, max_rows: int 
     rows, row_links, host_pairs = [], [], []
     for _, group in links.groupby("row_bucket", sort=True):
         first, last = group.iloc[0], group.iloc[-1]
-        label = f"{first.host_pair} · {first.a}-{first.b}"
+        pairs = first.host_pair if first.host_pair == last.host_pair else f"{first.host_pair} .. {last.host_pair}"
+        label = f"{pairs} · {first.a}-{first.b}"
         if len(group) > 1:
             label += f" .. {last.a}-{last.b} ({len(group)} links)"
         rows.append(label)

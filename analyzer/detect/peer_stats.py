@@ -79,12 +79,14 @@ class ScoreGrid:
         return (flag & self.present).sum(axis=1) / self.present.sum(axis=1)
 
     def frame(self, rows: np.ndarray, columns: list[str] | None = None) -> pd.DataFrame:
-        """The long rows (rank, step, pp, dp, tp, host, `columns` or all values) of the ranks at row
-        indices `rows`, ordered by rank and step."""
+        """The long rows (rank, step, pos, pp, dp, tp, host, `columns` or all values) of the ranks at row
+        indices `rows`, ordered by rank and step. pos: the step's position among the run's analyzed
+        steps, what persistence and onsets count (a sampled trace keeps every Nth step: its ids are N
+        apart, its positions adjacent)."""
         rows = np.asarray(rows, dtype=np.int64)
         r, s = np.nonzero(self.present[rows])
         ri = rows[r]
-        out = {"rank": self.ranks[ri], "step": self.steps[s], "pp": self.pp[ri], "dp": self.dp[ri],
+        out = {"rank": self.ranks[ri], "step": self.steps[s], "pos": s, "pp": self.pp[ri], "dp": self.dp[ri],
                "tp": self.tp[ri], "host": self.host[ri]}
         for name in columns if columns is not None else [*self.values, *self.derived]:
             out[name] = self.values[name][ri, s] if name in self.values else self.derived[name](self, rows)[r, s]

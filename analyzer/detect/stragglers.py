@@ -134,15 +134,19 @@ class StragglerDetector:
         null_rate / gross_rate: the run's rate of rank-steps at the flag threshold / at log(gross_ratio),
         for the chance test (none: no chance test)."""
         flag = (score >= threshold) & extra_ok
-        found = persistent_runs(rows.step[flag], min_count, max_gap=max_gap)
+        # persistence and onsets count positions among the run's steps, not step ids: a sampled trace
+        # (NDTimeline keeps one step in N: ids 16, 44, 72, ...) has no two adjacent ids, and a rank 2.35x
+        # slower on every one of its 44 steps was not named (issue 31)
+        pos = rows["pos"] if "pos" in rows else rows.step
+        found = persistent_runs(pos[flag], min_count, max_gap=max_gap)
         if not found:
             return None
         first, last = found[0][0], found[-1][1]
         after_flag = flag if periodic else None  # every K steps: judge the flagged steps only
-        onset = self._onset(rows.step, score, flag, first, last, sigma, int(rows.step.max()), after_flag)
+        onset = self._onset(pos, score, flag, first, last, sigma, int(pos.max()), after_flag)
         if onset is None or onset > last:
             return None  # (a periodic onset can fall past the last run: no flagged step would be left)
-        in_stretch = rows.step.between(onset, last)
+        in_stretch = pos.between(onset, last)
         flagged = rows[flag & in_stretch]
         observed = int(in_stretch.sum())
         level = float(score[flag & in_stretch].median())
@@ -168,10 +172,12 @@ class StragglerDetector:
             # 0.33^6 x 24 rank-steps = 0.03) would dismiss a rank 30x slower than its peers on every step
             # (the likely cause of a rare miss in tests/test_import_kineto.py's profiled round trip);
             # noise stretches rarely reach 2x on most of their steps
-            gross = int((score[rows.step.between(onset, last)] >= math.log(self.cfg.gross_ratio)).sum())
+            gross = int((score[pos.between(onset, last)] >= math.log(self.cfg.gross_ratio)).sum())
             if gross_rate is None or self.by_chance(gross, observed, gross_rate):
                 return None
-        return Episode(int(onset), int(last), level, flagged, [r for r in found if r[1] >= onset])
+        step_of = dict(zip(pos.astype(int), rows.step.astype(int)))
+        return Episode(step_of[int(onset)], step_of[int(last)], level, flagged,
+                       [(step_of[a], step_of[b], n) for a, b, n in found if b >= onset])
 
     def _onset(self, steps: pd.Series, x: pd.Series, flag: pd.Series, first: int, last: int,
                sigma: float, run_last: int, after_flag: pd.Series | None = None, lookahead: int = 4,
@@ -411,7 +417,7 @@ class StragglerDetector:
                 continue  # delays before pipeline transfers: a link problem (flaps.py)
             excess_ms = 1e3 * float(excess.median())
             host = hosts_of(store.topology, [int(rank)])
-            steps = sorted(int(s) for s in sel.step)
+            steps = sorted(int(s) for s in sel.pos)  # positions: "every step" of a sampled trace too
             period = int(pd.Series(steps).diff().median()) if len(steps) > 1 else 1
             out.append(Finding(
                 kind="late_launch", ranks=[int(rank)], hosts=host, steps=(ep.first, ep.last),
@@ -432,13 +438,13 @@ class StragglerDetector:
         threshold = max(math.log(cfg.imbalance_ratio), cfg.z_imbalance * noise_sigma(bal, "y", key="pp"))
         out = []
         for stage, rows in bal.groupby("pp"):
-            found = persistent_runs(rows.step[rows.y >= threshold], cfg.persist_steps, max_gap=2)
+            found = persistent_runs(rows.pos[rows.y >= threshold], cfg.persist_steps, max_gap=2)
             if not found:
                 continue
-            first, last = found[0][0], found[-1][1]
             # the ratio over every step of the stretch, not only its flagged ones (a stretch may hold up
             # to 2 unflagged steps in a row: leaving them out would report only its high steps)
-            sel = rows[rows.step.between(first, last)]
+            sel = rows[rows.pos.between(found[0][0], found[-1][1])]
+            first, last = int(sel.step.iloc[0]), int(sel.step.iloc[-1])
             ratio = float(np.exp(sel.y.median()))
             ranks = store.topology.loc[store.topology.pp == stage, "rank"].astype(int).tolist()
             out.append(Finding(
@@ -453,10 +459,11 @@ class StragglerDetector:
 
 
 def stage_balance(grid: ScoreGrid) -> pd.DataFrame:
-    """Per step and stage: y = log(the stage's low-quartile rank work / the other stages' median work)."""
+    """Per step and stage: y = log(the stage's low-quartile rank work / the other stages' median work);
+    pos: the step's position among the analyzed steps."""
     stages = np.unique(grid.pp)
     if len(stages) < 2:
-        return pd.DataFrame(columns=["step", "pp", "y", "stage_work_s"])
+        return pd.DataFrame(columns=["step", "pos", "pp", "y", "stage_work_s"])
     work, here = grid["work_s"], grid.present
     n_steps = len(grid.steps)
     low, med = np.full((len(stages), n_steps), np.nan), np.full((len(stages), n_steps), np.nan)
@@ -482,8 +489,8 @@ def stage_balance(grid: ScoreGrid) -> pd.DataFrame:
             else:
                 others = med[exists[:, j] & (np.arange(len(stages)) != k), j]
                 ref = float(np.median(others)) if len(others) else float("nan")
-            rows.append((int(step), int(stages[k]), math.log(max(low[k, j], 1e-9) / max(ref, 1e-9)), med[k, j]))
-    return pd.DataFrame(rows, columns=["step", "pp", "y", "stage_work_s"])
+            rows.append((int(step), j, int(stages[k]), math.log(max(low[k, j], 1e-9) / max(ref, 1e-9)), med[k, j]))
+    return pd.DataFrame(rows, columns=["step", "pos", "pp", "y", "stage_work_s"])
 
 
 def _round(value: float, digits: int = 4) -> float | None:

@@ -293,11 +293,32 @@ def _replay_step(store: Store, f: Finding, step: int, ranks: list[int] | None, c
 
 def _barrier(ev: pd.DataFrame, now: pd.Series) -> float | None:
     """The recorded ns from the previous step's last end to this step's first issue when every rank
-    started this step only after every rank had ended the previous one (a barrier); else None."""
+    started this step only after every rank had ended the previous one (a barrier); else None. A
+    previous step that ended longer before this one began than this step lasts is not the step
+    before: the steps between were not traced (a sampled trace renumbered 0, 1, 2, ... keeps one
+    step in N; counted, 27 untraced steps in each step's time made a 2.35x straggler's what-if 2.1%
+    where the fault-free twin runs 1.66x faster): this step alone, without that time (0)."""
     if now.all():
         return None
     prev_end, start = ev.end_ns[~now].max(), ev.issue_ns[now].min()
+    if start - prev_end > ev.end_ns[now].max() - start:
+        return 0.0
     return float(start - prev_end) if start >= prev_end else None
+
+
+def _sample_steps(store: Store, f: Finding, max_steps: int) -> list[int]:
+    """Up to `max_steps` steps of the finding spread evenly over the steps that exist (a sampled trace's
+    ids are N apart: evenly spaced ids between its first and last would name steps it never recorded)."""
+    first, last = f.steps
+    built = store.query("SELECT count(*) AS n FROM information_schema.tables WHERE table_name = 'rank_step'")
+    ids = [int(r.step) for r in store.query(
+        "SELECT DISTINCT step FROM rank_step WHERE step BETWEEN $first AND $last AND rank = $rank ORDER BY step",
+        {"first": int(first), "last": int(last), "rank": int(f.ranks[0])}).itertuples()
+    ] if f.ranks and int(built.n.iat[0]) else []
+    if not ids:
+        return sorted(set(np.linspace(first, last, num=min(max_steps, last - first + 1)).round().astype(int)))
+    at = np.linspace(0, len(ids) - 1, num=min(max_steps, len(ids))).round().astype(int)
+    return sorted({ids[i] for i in at})
 
 
 def what_if(store: Store, f: Finding, max_steps: int | None = None) -> dict:
@@ -305,8 +326,7 @@ def what_if(store: Store, f: Finding, max_steps: int | None = None) -> dict:
         max_steps = 3 if len(store.topology) <= 4096 else 1
     if f.kind == "hang":
         return {"applicable": False, "reason": "a hung job makes no progress; fix the suspects"}
-    first, last = f.steps
-    sample = sorted(set(np.linspace(first, last, num=min(max_steps, last - first + 1)).round().astype(int)))
+    sample = _sample_steps(store, f, max_steps)
     ranks = replay_ranks(store, f)
     cpu_trace = has_wait_spans(store)
     dp, tp = (int(store.manifest["topology"][k]) for k in ("dp", "tp"))

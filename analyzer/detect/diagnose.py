@@ -1,5 +1,6 @@
 """From the detectors to the run's findings, one way: each detector reads the store (its derived tables
-already built), the lost-time attribution settles the others' findings (victims and trifles go), findings
+already built), the lost-time attribution settles the others' findings (victims and trifles go), a rank
+whose late arrivals were waits on a pipeline neighbour is traced back to it (trace_back.py), findings
 another finding explains are dropped, a hang leads, the culprits get their collective-arrival evidence,
 and the findings are sorted by kind, then severity. Run.findings calls it; nothing here reaches back
 into Run."""
@@ -14,6 +15,7 @@ from megascope.analyzer.data.store import DETECT_MEMORY_LIMIT, Store
 from megascope.analyzer.detect.explain import drop_explained
 from megascope.analyzer.detect.hangs import HangReport
 from megascope.analyzer.detect.lost_time import LostTimeDetector, settle
+from megascope.analyzer.detect.trace_back import trace_back
 from megascope.analyzer.findings import CULPRIT_KINDS, SEVERITY_ORDER, Finding
 
 
@@ -33,6 +35,7 @@ def diagnose(store: Store, detectors: Sequence[Detector], hang: HangReport | Non
     for det in detectors:  # blame follows the lost time: victims and trifles go, culprits get a cost
         if isinstance(det, LostTimeDetector):
             out = settle(out, det.attribution, det.cfg)
+    out = trace_back(store, out)  # a rank that waited on a pipeline neighbour's sends is its victim
     out = drop_explained(out, store.topology)
     if hang is not None:
         out.insert(0, hang.to_finding(store.topology, len(store.topology)))

@@ -20,6 +20,11 @@ throttled link under data-parallel collectives instead of pipeline transfers) ar
 result: no threshold may be chosen by looking at them, and a change that fixes a held-out case alone is
 not made. Their rates, ranks and layouts differ from the tuned ones on purpose.
 
+Attached third-party jobs (samples/ddp_loop.py, hf_trainer.py, lightning_loop.py under torchrun, traced
+by attach and its callbacks) under the same outside faults are cases too (docs/fault-lab.md): ddp-clean
+and ddp-sleep-r1 (a sleep before each step's first span, issue 31 item 4) tuned, the rest held out,
+decided before they were first run.
+
 A pass: a rank fault names exactly its rank as the culprit and no link; a link fault names a link or
 host pair between the two hosts and no rank; a clean run blames nothing (stage or workload imbalance
 findings are reported, not counted: the tiny model's stages really differ). Takes ~1 minute a case on
@@ -29,7 +34,10 @@ the 2-core dev box; cases that cannot be made here (no root, no cgroup v1, no ne
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -62,6 +70,8 @@ class Case:
     params: dict = field(default_factory=dict)
     nodes: int = 1
     seed: int = 1234
+    job: str = "train"
+    """train: `megascope train`; else an attached third-party job, samples/<job>.py under torchrun"""
 
     @property
     def expected(self) -> str:
@@ -81,10 +91,28 @@ CASES = [
     Case("hog-r0", True, "hog", DP2PP2, 0, {"cpu": 1}),
     Case("tbf-dp", True, "tbf", ("--dp", "2", "--tp", "2"), None,
          {"rate": "8mbit", "on_s": 2.0, "off_s": 6.0}, nodes=2),
+    # attached third-party jobs (2 gloo ranks under torchrun, traced by attach or its callbacks); the part
+    # was decided before any of them was run: the two ddp cases are what issue 31 item 4's change (host
+    # time at a step's edges, d15bbe1) was looked at against; the rest are held out
+    Case("ddp-clean", False, "none", (), job="ddp_loop"),
+    Case("ddp-sleep-r1", False, "sleep", (), 1, {"sleep_ms": 30}, job="ddp_loop"),
+    Case("hf-clean", True, "none", (), job="hf_trainer"),
+    Case("ddp-stop-r0", True, "stop", (), 0, {"stop_ms": 20, "period_ms": 40}, job="ddp_loop"),
+    Case("ddp-quota-r1", True, "quota", (), 1, {"share": 0.25}, job="ddp_loop"),
+    Case("hf-stop-r1", True, "stop", (), 1, {"stop_ms": 15, "period_ms": 20}, job="hf_trainer"),
+    Case("lightning-hog-r0", True, "hog", (), 0, {"cpu": 1}, job="lightning_loop"),
 ]
+ATTACHED_MODULES = {"hf_trainer": "transformers", "lightning_loop": "lightning"}
+"""The optional extra (`megascope[attach]`) each attached sample needs."""
+SUMMARY = re.compile(r"^\[megascope\] steps (\d+)-(\d+) ")
+"""The attached tracer's own summary line in the job's log (rank 0, every 50 steps: tracer/step_summary.py):
+how far the job is, read from outside it."""
 
 
 def unavailable(case: Case) -> str | None:
+    module = ATTACHED_MODULES.get(case.job)
+    if module and importlib.util.find_spec(module) is None:
+        return f"samples/{case.job}.py needs {module} (pip install 'megascope[attach]')"
     if case.fault == "tbf":
         return netns.unavailable()
     return outside_faults.unavailable(case.fault) if case.fault in ("quota", "hog") else None
@@ -139,6 +167,64 @@ def run_one_host(case: Case, run_dir: Path, steps: int, onset: float) -> list[tu
     if proc.returncode:
         raise RuntimeError(f"{case.name}: megascope train exited {proc.returncode}: {err}")
     return windows
+
+
+def run_attached(case: Case, run_dir: Path, steps: int, onset: float) -> list[tuple[float, float]]:
+    """samples/<job>.py on 2 gloo ranks under torchrun, both pinned to one CPU (tests/test_attach_samples.py
+    says why; the hog case pins the rank with the hog to CPU 1, the other to CPU 0); once the job's own
+    summary line says onset x steps are done, the rank fault until the job ends. A sleep is the job's own
+    (samples/ddp_loop.py --slow-outside, from the onset step): its window starts at that step."""
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    first = int(onset * steps)
+    slow = (["--slow-rank", str(case.rank), "--slow-ms", str(case.params["sleep_ms"]), "--slow-from", str(first),
+             "--slow-outside"] if case.fault == "sleep" else [])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           str(ROOT / "samples" / f"{case.job}.py"), "--run-dir", str(run_dir), "--steps", str(steps), *slow]
+    one_cpu = max(os.sched_getaffinity(0))
+    log = open(run_dir.parent / f"{case.name}.log", "w+b")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+                            preexec_fn=None if case.fault == "hog" else lambda: os.sched_setaffinity(0, {one_cpu}))
+    assert proc.stdout is not None
+    windows: list[tuple[float, float]] = []
+    try:
+        pids = _workers(proc)
+        if case.fault == "hog":
+            for rank, pid in enumerate(pids):
+                outside_faults.pin(pid, {case.params["cpu"] if rank == case.rank else 1 - case.params["cpu"]})
+        if case.fault in ("stop", "quota", "hog"):
+            for line in proc.stdout:
+                done = SUMMARY.match(line)
+                if done and int(done.group(2)) + 1 >= first:
+                    t0 = time.time()
+                    with _rank_fault(case, pids[int(case.rank or 0)]):
+                        proc.communicate(timeout=900)
+                    windows.append((t0, time.time()))
+                    break
+        proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.seek(0)
+        err = log.read()[-400:].decode(errors="replace")
+        log.close()
+    if proc.returncode:
+        raise RuntimeError(f"{case.name}: samples/{case.job}.py exited {proc.returncode}: {err}")
+    if case.fault == "sleep":
+        rs = Run.open(run_dir).rank_steps()
+        windows.append((float(rs[rs.step == first].start_ns.min()) / 1e9, time.time()))
+    return windows
+
+
+def _workers(proc: subprocess.Popen) -> list[int]:
+    """The pids of torchrun's two workers, rank order (they appear within seconds of the start)."""
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        pids = [outside_faults.worker_pid(proc.pid, r) for r in (0, 1)]
+        if all(pids):
+            return [int(p) for p in pids if p]
+        time.sleep(0.1)
+    raise RuntimeError(f"torchrun's workers did not appear (exit code {proc.poll()})")
 
 
 def run_two_hosts(case: Case, run_dir: Path, steps: int, onset: float) -> list[tuple[float, float]]:
@@ -244,11 +330,11 @@ def score(case: Case, run_dir: Path, windows: list[tuple[float, float]]) -> Scor
     return out
 
 
-def run_case(case: Case, steps: int, onset: float, keep: Path | None) -> Score:
+def run_case(case: Case, steps: int, onset: float, keep: Path | None, attached_steps: int = 300) -> Score:
     with tempfile.TemporaryDirectory(prefix=f"lab-{case.name}-") as tmp:
         run_dir = (keep / case.name) if keep else Path(tmp) / "run"
-        runner: Callable = run_two_hosts if case.nodes > 1 else run_one_host
-        windows = runner(case, run_dir, steps, onset)
+        runner: Callable = run_two_hosts if case.nodes > 1 else run_one_host if case.job == "train" else run_attached
+        windows = runner(case, run_dir, steps if case.job == "train" else attached_steps, onset)
         (run_dir / "lab_windows.json").write_text(json.dumps(windows))
         return score(case, run_dir, windows)
 
@@ -294,6 +380,7 @@ def main() -> int:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--cases", default="all", help="all | tuned | held-out | comma-separated case names")
     ap.add_argument("--steps", type=int, default=400, help="optimizer steps per job")
+    ap.add_argument("--attached-steps", type=int, default=300, help="steps per attached third-party job")
     ap.add_argument("--onset", type=float, default=0.4, help="share of the run before a fault begins")
     ap.add_argument("--stop", metavar="STOP_MS/PERIOD_MS",
                     help="override the stop cases' duty cycle (the lab's own: stop-r1 30/100, stop-r2 20/70); "
@@ -320,7 +407,7 @@ def main() -> int:
         t0 = time.time()
         try:
             s = (rescore(case, args.rescore) if args.rescore
-                 else run_case(case, args.steps, args.onset, args.keep))
+                 else run_case(case, args.steps, args.onset, args.keep, args.attached_steps))
         except (RuntimeError, subprocess.TimeoutExpired, OSError) as e:
             print(f"{case.name}: could not run ({e})", flush=True)
             continue

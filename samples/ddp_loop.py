@@ -7,7 +7,8 @@ The three lines marked `# megascope` are all the tracing: attach (run.json, the 
 communication hook timing every gradient bucket's all-reduce, forward/backward/optimizer spans from
 hooks), the loader wrapped to time data waits, and t.step() at the end of each step.
 `--slow-rank R --slow-ms MS` sleeps MS in rank R's forward from step `--slow-from` on: a straggler
-that `megascope analyze` names.
+that `megascope analyze` names; with `--slow-outside` the sleep is at the start of each step instead,
+before its first traced span (host time of the rank: a late launch).
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ def parse_args(argv: list[str] | None = None, run_dir: str = "runs/ddp-loop",
     p.add_argument("--slow-rank", type=int, default=-1, help="rank whose forward sleeps (-1: none)")
     p.add_argument("--slow-ms", type=float, default=40.0)
     p.add_argument("--slow-from", type=int, default=8, help="first slow step")
+    p.add_argument("--slow-outside", action="store_true",
+                   help="the slow rank sleeps at the start of each step, before its first traced span (the data "
+                        "fetch), outside any hooked span, instead of inside its forward")
     return p.parse_args(argv)
 
 
@@ -84,12 +88,15 @@ def train(args: argparse.Namespace) -> None:
 
     with tracer.attach(args.run_dir, model=model, optimizer=opt) as t:                   # megascope
         for step, (x, y) in enumerate(t.data(loader)):                                    # megascope
-            net.sleep_s = args.slow_ms / 1e3 if rank == args.slow_rank and step >= args.slow_from else 0.0
+            slow = rank == args.slow_rank and step >= args.slow_from
+            net.sleep_s = args.slow_ms / 1e3 if slow and not args.slow_outside else 0.0
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             opt.step()
             opt.zero_grad()
             t.step(tokens=len(x), loss=loss.item())                                       # megascope
+            if args.slow_outside and rank == args.slow_rank and step + 1 >= args.slow_from:
+                time.sleep(args.slow_ms / 1e3)  # the next step's start: before its data fetch, in no span
 
 
 if __name__ == "__main__":

@@ -49,6 +49,30 @@ def threads_of(pid: int) -> list[int]:
         return []
 
 
+def worker_pid(agent: int, rank: int) -> int | None:
+    """The pid of torchrun's worker with RANK=rank: a child of the agent process, found through /proc."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue  # gone, or not ours
+        if ppid == agent and f"RANK={rank}".encode() in env:
+            return int(entry)
+    return None
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` may run on `cpus` only (threads it starts later inherit it)."""
+    for tid in threads_of(pid):
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass  # the thread exited
+
+
 class StopDutyCycle:
     """Stop `pid` with SIGSTOP for stop_ms of every period_ms (a host pause, a preempted VM) from a
     thread, until exit; the process is always continued at exit."""
@@ -130,15 +154,8 @@ class CpuHog:
         self.pid, self.cpu = pid, cpu
         self._hog: subprocess.Popen | None = None
 
-    def _pin(self, cpus: set[int]) -> None:
-        for tid in threads_of(self.pid):
-            try:
-                os.sched_setaffinity(tid, cpus)
-            except OSError:
-                pass  # the thread exited
-
     def __enter__(self) -> "CpuHog":
-        self._pin({self.cpu})
+        pin(self.pid, {self.cpu})
         self._hog = subprocess.Popen([sys.executable, "-c", "while True: pass"],
                                      preexec_fn=lambda: os.sched_setaffinity(0, {self.cpu}))
         return self
@@ -147,4 +164,4 @@ class CpuHog:
         if self._hog is not None:
             self._hog.kill()
             self._hog.wait()
-        self._pin(set(range(os.cpu_count() or 1)))
+        pin(self.pid, set(range(os.cpu_count() or 1)))

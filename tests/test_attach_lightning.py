@@ -19,16 +19,14 @@ rank 0 named: the two CPUs see other processes' load differently). Skipped witho
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("lightning")
 
-from tests.outside_faults import StopDutyCycle  # noqa: E402
+from tests.outside_faults import StopDutyCycle, worker_pid  # noqa: E402
 from tests.test_attach_samples import LATE_NOISE, ROOT, _analyze, _one_cpu, _torchrun  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -44,21 +42,6 @@ def test_lightning_clean_run_has_no_findings(tmp_path):
     assert real == [], [(f["kind"], f["ranks"], f["steps"], f["severity"], f["summary"]) for f in found]
 
 
-def _rank_pid(agent: int, rank: int) -> int | None:
-    """The pid of torchrun's worker with RANK=rank: a child of the agent, found through /proc."""
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except (OSError, IndexError, ValueError):
-            continue  # gone, or not ours
-        if ppid == agent and f"RANK={rank}".encode() in env:
-            return int(entry)
-    return None
-
-
 def test_lightning_rank_stopped_from_outside_is_named(tmp_path):
     run = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
@@ -71,7 +54,7 @@ def test_lightning_rank_stopped_from_outside_is_named(tmp_path):
             head.append(line)
             if line.startswith(CLEAN):
                 break
-        pid = _rank_pid(job.pid, 1)
+        pid = worker_pid(job.pid, 1)
         assert pid is not None and head and head[-1].startswith(CLEAN), "".join(head)[-3000:]
         with StopDutyCycle(pid, stop_ms=15, period_ms=20):
             out, _ = job.communicate(timeout=600)

@@ -67,6 +67,11 @@ def replay(g: StepGraph, duration: np.ndarray, gap: np.ndarray, xfer: np.ndarray
         i = order[b[lo]:b[lo + 5]]
         p = g.prev[i]
         issue[i] = np.where(p >= 0, end[np.maximum(p, 0)] + gap[i], issue0[i])
+        if g.dep_of is not None:  # an inferred input (no p2p rows): ready when both it and the rank are
+            d = g.dep_of[i]
+            has = d >= 0
+            ready = np.maximum(np.where(p >= 0, end[np.maximum(p, 0)], -np.inf), end[np.maximum(d, 0)])
+            issue[i] = np.where(has, ready + gap[i], issue[i])
         k, r, c, w = (order[b[lo + j]:b[lo + j + 1]] for j in (0, 1, 3, 4))
         end[k] = issue[k] + duration[k]
         if r.size:
@@ -86,6 +91,10 @@ def _inputs(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     issue, start, end = (ev[c].to_numpy().astype(float) for c in ("issue_ns", "start_ns", "end_ns"))
     duration = end - start
     gap = np.where(g.prev >= 0, np.maximum(issue - end[np.maximum(g.prev, 0)], 0), 0)
+    if g.dep_of is not None:  # the gap after both the rank and its input were ready: the rest was a wait
+        d = np.maximum(g.dep_of, 0)
+        ready = np.maximum(np.where(g.prev >= 0, end[np.maximum(g.prev, 0)], -np.inf), end[d])
+        gap = np.where(g.dep_of >= 0, np.maximum(issue - ready, 0), gap)
     xfer = duration.copy()
     r = np.flatnonzero(g.send_of >= 0)
     xfer[r] = end[r] - np.maximum(issue[r], issue[g.send_of[r]])

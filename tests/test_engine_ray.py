@@ -267,3 +267,30 @@ def test_url_run_in_batches_with_a_damaged_segment(bucket, cluster, monkeypatch,
     assert local.incomplete_data() == remote.incomplete_data()
     held = _segments_by_rank(mirror)
     assert held["events"] == held["steps"] == {"rank=00000", "rank=00006"}, held
+
+
+def test_ray_engine_reads_the_summaries_at_the_edge(run_dir, cluster, monkeypatch, tmp_path):
+    """A run whose ranks summarized their steps at the edge: each task reads its batch's summaries
+    (scan_edge_batch), and the tables and findings are the local engine's (which reads them in this
+    process)."""
+    from megascope.tracer.edge_summary import summarize_run
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("analysis"))
+    summarize_run(copy)
+    plans = []
+    real = RayEngine.map_batches
+
+    def recording(self, store, batches, plan):
+        plans.append(plan)
+        return real(self, store, batches, plan)
+
+    monkeypatch.setattr(RayEngine, "map_batches", recording)
+    local, remote = _both(copy, cluster, monkeypatch, timeline=True)
+    a, b = _tables(local), _tables(remote)
+    assert plans and all(p.edge for p in plans)
+    assert len(a["rank_step"]) == 16 * 8 and len(a["collectives"]) > 0
+    for name in ("rank_step", "peer_step", "collectives", "late", "rank_step_incomplete"):
+        pd.testing.assert_frame_equal(a[name], b[name], check_exact=False, rtol=1e-12, obj=name)
+    assert {"straggler", "late_launch"} <= {f["kind"] for f in _findings(local)}
+    assert _findings(local) == _findings(remote)

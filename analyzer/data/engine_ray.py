@@ -2,7 +2,9 @@
 
 The raw-event work - the batch function of event_pass.py over one batch of ranks: read its events and
 steps segments once, the per (rank, step, peer) rows, the batch's rank_step rows and its collective
-partials - runs as one Ray task per batch. A task ships paths, not data: the run directory, the
+partials - runs as one Ray task per batch; on a run whose ranks summarized their steps at the edge, the
+task reads the batch's summaries instead (scan_edge_batch: its rank_step and p2p rows, and the partials
+of its collective rows). A task ships paths, not data: the run directory, the
 batch's rank-folder patterns and the pass plan (a few hundred bytes); the task opens the run directory
 itself (its own Store and DuckDB), and returns the batch's three tables as Arrow (O(ranks x steps)
 rows: the raw events never leave the worker). The driver appends them in batch order with the same
@@ -28,12 +30,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from megascope.analyzer.data.event_pass import BATCH_TABLES, PassPlan, define_sql, scan_batch
+from megascope.analyzer.data.event_pass import (
+    BATCH_TABLES,
+    EDGE_TASK_TABLES,
+    PassPlan,
+    define_sql,
+    scan_batch,
+    scan_edge_batch,
+)
 from megascope.analyzer.data.store import Store
 from megascope.tracer.storage import is_url
 
 TASK_TABLES = ("events", "steps")
-"""What a task reads of its batch's rank folders (scan_batch), so all it mirrors of a URL run."""
+"""What a task reads of its batch's rank folders (scan_batch), so all it mirrors of a URL run; a pass
+over the summaries at the edge reads EDGE_TASK_TABLES instead (scan_edge_batch)."""
 
 
 class EngineError(RuntimeError):
@@ -58,21 +68,24 @@ def _ray(local: bool = False):
 
 
 def scan_batch_arrow(run_dir: str, prefixes: list[str] | None, plan: PassPlan, threads: int = 1) -> dict[str, Any]:
-    """The batch function as a task runs it: open the run, scan one batch, return its tables as Arrow
+    """The batch function as a task runs it (the plan says which: events or summaries at the edge):
+    open the run, scan one batch, return its tables as Arrow
     (`tables`: BATCH_TABLES -> pyarrow.Table) and the damaged segments the batch found (`damaged`:
     (table, path relative to the run, error), for Store.adopt_damaged once made the driver's path).
     A URL `run_dir` (object storage) is first mirrored into this worker's own cache, the batch's events
     and steps segments only (remote_run.sync with a RankFilter), plus run.json and the small files."""
     if is_url(run_dir):
         from megascope.analyzer.data.remote_run import HeldStore, RankFilter, mirror_folder, sync
-        folder, held = mirror_folder(run_dir), RankFilter(prefixes or ["rank=*"], TASK_TABLES)
+        folder = mirror_folder(run_dir)
+        held = RankFilter(prefixes or ["rank=*"], EDGE_TASK_TABLES if plan.edge else TASK_TABLES)
         sync(run_dir, folder, ranks=held)
         # the other tasks of this host fetch their batches into the same folder meanwhile
         store: Store = HeldStore(folder, held, threads=threads)
     else:
         store = Store(run_dir, threads=threads)
     define_sql(store)
-    store.run_with_retry(lambda: scan_batch(store, prefixes, plan))
+    scan = scan_edge_batch if plan.edge else scan_batch
+    store.run_with_retry(lambda: scan(store, prefixes, plan))
     tables = {name: store.con.sql(f"SELECT * FROM {name}").to_arrow_table() for name in BATCH_TABLES}
     damaged = []
     for table, path in store.damaged:

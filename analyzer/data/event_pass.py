@@ -46,6 +46,8 @@ SQL_FILES = ("event_pass_flat", "flat_peer_step", "flat_partials", "collectives"
 """The analyzer's macro library (analyzer/data/sql/), in definition order (a macro may call those before
 it), defined after the macros the ranks run on their own events too (tracer/sql/, EDGE_SQL)."""
 BATCH_TABLES = ("_batch_rank_step", "_batch_peer_step", "_batch_partials")
+EDGE_TASK_TABLES = ("edge_rank_step", "edge_peer_step", "edge_collectives")
+"""What scan_edge_batch reads of its batch's rank folders."""
 """What the batch function leaves for the loop (local tables, or the Arrow tables a remote engine returns)."""
 PEER_STEP_COLUMNS = ("rank", "step", "peer", "compute_ns", "forward_ns", "backward_ns", "optimizer_ns", "nested_ns",
                      "recv_ns", "collective_ns", "data_wait_ns", "gap_ns", "gap_p2p_ns", "gap_coll_ns", "send_min_ns",
@@ -132,6 +134,8 @@ class PassPlan:
     layout: LayoutParams
     first_step: int = NO_FIRST_STEP
     """Only steps from here on (the summary cache's extension of a live run)."""
+    edge: bool = False
+    """The batches read the ranks' summaries at the edge (scan_edge_batch), not their events."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +180,22 @@ def scan_batch(store: Store, prefixes: list[str] | None, plan: PassPlan) -> None
                 {"first_step": plan.first_step, "residual": not plan.timeline})
     con.execute("DROP VIEW _batch_events_src")
     con.execute("DROP VIEW _batch_steps_src")
+
+
+def scan_edge_batch(store: Store, prefixes: list[str] | None, plan: PassPlan) -> None:
+    """The batch function on summaries at the edge: `_batch_rank_step` (with its `final` column),
+    `_batch_peer_step` (the p2p rows, P2P_STEP_COLUMNS) and `_batch_partials` from one batch's
+    edge_rank_step, edge_peer_step and edge_collectives segments. What from_edge_summaries reads in
+    this process, in batches a remote engine can run."""
+    con = store.con
+    store.source_view("_batch_rank_step_src", "edge_rank_step", patterns=prefixes)
+    con.execute("CREATE OR REPLACE TEMP TABLE _batch_rank_step AS FROM rank_step_of_edge('_batch_rank_step_src')")
+    store.source_view("_batch_peer_step_src", "edge_peer_step", patterns=prefixes)
+    con.execute(f"CREATE OR REPLACE TEMP TABLE _batch_peer_step AS SELECT {_P2P_SELECT} FROM _batch_peer_step_src "
+                "WHERE peer >= 0")
+    con.execute("DROP VIEW _batch_rank_step_src")
+    con.execute("DROP VIEW _batch_peer_step_src")
+    _edge_partials(store, prefixes, plan)
 
 
 def _event_pass(store: Store, events: str, plan: PassPlan, partials: bool = True) -> None:
@@ -230,9 +250,10 @@ class LocalEngine:
     """The embedded default: each batch in this process's DuckDB, one after the other."""
 
     def map_batches(self, store: Store, batches: list[list[str] | None], plan: PassPlan) -> Iterator[int]:
+        scan = scan_edge_batch if plan.edge else scan_batch
         for i, prefixes in enumerate(batches):
             # the reads, rebuilt on retry (a damaged segment dropped from the batch's source)
-            store.run_with_retry(lambda: scan_batch(store, prefixes, plan))
+            store.run_with_retry(lambda: scan(store, prefixes, plan))
             yield i
 
 
@@ -241,7 +262,7 @@ def run_batches(store: Store, plan: PassPlan, out: PassTables, engine: Engine | 
     """The one batch loop: the batch function over every batch of ranks (by `engine`, local by
     default), each batch's tables appended to `out`'s; then the partials of collective instances that
     spanned batches are merged into `out.collectives` (merge_partials)."""
-    prefixes = store.rank_prefix_batches(BATCH_RANKS)
+    prefixes = store.rank_prefix_batches(BATCH_RANKS, *((EDGE_TASK_TABLES,) if plan.edge else ()))
     batches: list[list[str] | None] = [*prefixes] if prefixes else [None]
     if progress is not None:
         progress(label, 0, len(batches))
@@ -297,12 +318,15 @@ def build_event_pass(store: Store, progress: Progress | None = None, engine: Eng
     summaries at the edge for every rank-step (edge_summaries_cover) is read from those instead.
     Returns whether the rows are the timeline variant's (the edge summaries' are)."""
     timeline, covered = True, False
-    if _edge_readable(store):  # nothing to spread over an engine then
-        if progress is not None:
-            progress("reading the ranks' summaries", 0, 1)
-        covered = from_edge_summaries(store, run_start_ns(store))
-        if progress is not None:
-            progress("reading the ranks' summaries", 1, 1)
+    if _edge_readable(store):
+        if engine is not None:  # its batches of the summaries spread over the engine
+            covered = from_edge_summaries_by(store, run_start_ns(store), engine, progress)
+        else:
+            if progress is not None:
+                progress("reading the ranks' summaries", 0, 1)
+            covered = from_edge_summaries(store, run_start_ns(store))
+            if progress is not None:
+                progress("reading the ranks' summaries", 1, 1)
     if not covered:
         plan = plan_pass(store)
         timeline = plan.timeline
@@ -366,6 +390,22 @@ def from_edge_summaries(store: Store, base: int) -> bool:
         for name in ("rank_step", "_p2p_peer_step", "collective_instances"):
             store.execute(f"DROP TABLE {_table(name)}")
         return False
+    return True
+
+
+def from_edge_summaries_by(store: Store, base: int, engine: Engine, progress: Progress | None = None) -> bool:
+    """from_edge_summaries with the batches run by `engine` (scan_edge_batch per batch of ranks: a Ray
+    task reads its batch's summaries and returns its rows), appended and merged by the one batch loop
+    (run_batches). The same tables, the same checks."""
+    define_sql(store)
+    plan = PassPlan(int(base), True, False, LayoutParams.of(store), edge=True)
+    run_batches(store, plan, EVENT_PASS_TABLES, engine, progress, label="reading the ranks' summaries")
+    done = store.query("SELECT count(DISTINCT rank) AS n FROM rank_step WHERE final").n.iloc[0]
+    if store.damaged or not (_edge_readable(store) and int(done) == _summarized_ranks(store) > 0):
+        for name in ("rank_step", "_p2p_peer_step", "collective_instances"):
+            store.execute(f"DROP TABLE IF EXISTS {_table(name)}")
+        return False
+    store.execute("ALTER TABLE rank_step DROP COLUMN final")
     return True
 
 

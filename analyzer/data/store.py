@@ -39,10 +39,10 @@ METADATA_CACHE_MAX_FILES = 20_000
 _FILE_IN_ERROR = re.compile(r"""['"]([^'"]+\.parquet)['"]""")
 _DUCKDB_DATA_ERRORS = (duckdb.IOException, duckdb.InvalidInputException, duckdb.BinderException,
                        duckdb.ConversionException)
-SOURCE_VIEWS = frozenset({"_batch_events_src", "_batch_steps_src", "_batch_collectives_src", "_sample_events",
-                          "_sample_steps"})
+SOURCE_VIEWS = frozenset({"_batch_events_src", "_batch_steps_src", "_batch_collectives_src", "_batch_rank_step_src",
+                          "_batch_peer_step_src", "_sample_events", "_sample_steps"})
 """The views source_view may create: the event pass's batch and sample inputs (the edge summaries'
-collectives too)."""
+too: collectives, and a batch's rank-step and peer-step rows when an engine reads them in batches)."""
 NO_STEP = 1 << 62
 """Open end of an incomplete range (a damaged segment with no readable neighbour on that side)."""
 

@@ -24,7 +24,7 @@ import duckdb
 import pandas as pd
 import pyarrow as pa
 
-from megascope.analyzer.data import attempts
+from megascope.analyzer.data import attempts, validate
 from megascope.tracer import run_dir as rd
 from megascope.tracer.schema import SCHEMA_VERSION, TABLES, SchemaVersionError
 from megascope.tracer.sink import SEGMENT_RE
@@ -134,6 +134,7 @@ class Store:
             # big runs: the first scan (with retry) validates; the attempts scan validates steps
             if len(self.files[table]) <= 2000 and not (table == "steps" and scan_steps):
                 self.run_with_retry(lambda: self.con.execute(f"SELECT count(*) FROM {table}").fetchall())
+        self.contradictions = self._check_segments()
         if scan_steps:
             self._find_attempts(times)
         if not self.files["events"] and not self.files["steps"]:
@@ -142,6 +143,18 @@ class Store:
     def _list_segments(self, table: str) -> list[str]:
         """The segments the views read (a subclass may keep fewer: `megascope watch`'s window)."""
         return _segments(self.path, table)
+
+    def _check_segments(self) -> list[validate.Contradiction]:
+        """Segments that contradict the run (a column of another type, rows of a rank outside the
+        topology, spans ending before they start; validate.py): the views read corrected copies."""
+        copies, left_out = validate.check(self.con, self.path, self.files, self.topology["rank"].tolist(),
+                                          Path(self._spill.name) / "validated", self.warnings)
+        for table in [t for t, fs in self.files.items() if any(f in copies for f in fs)]:
+            self.files[table] = [copies.get(f, f) for f in self.files[table]]
+            self._all_files[table] = [copies.get(f, f) for f in self._all_files[table]]
+            self._excluded.add(table)
+            self.run_with_retry(lambda: self._make_view(table))
+        return left_out
 
     def _find_attempts(self, restart_times: list[int] | None) -> None:
         """Per-rank restart bounds (attempts.py) from the unfiltered steps view; when there are any,
@@ -234,6 +247,8 @@ class Store:
             rows.append({"rank": rank, "first_step": -NO_STEP if first is None else first,
                          "last_step": NO_STEP if last is None else last,
                          "segment": os.path.relpath(bad, self.path)})
+        rows += [{"rank": c.rank, "first_step": c.first_step, "last_step": c.last_step, "segment": c.segment}
+                 for c in self.contradictions]
         return pd.DataFrame(rows, columns=["rank", "first_step", "last_step", "segment"]).astype(
             {"rank": "int32", "first_step": "int64", "last_step": "int64"})
 

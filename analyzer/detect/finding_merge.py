@@ -9,9 +9,10 @@ from megascope.analyzer.findings import Finding, rank_list
 
 
 def merge_tp_groups(findings: list[Finding], scores: pd.DataFrame) -> list[Finding]:
-    """When every traced rank of a (stage, replica)'s tensor/context-parallel group is a straggler, one
-    finding on the group: they wait for their slowest member inside their tp/cp collectives, and a trace
-    that does not time those collectives (NDTimeline's compute ops span them) cannot say which GPU it is."""
+    """When every traced rank of a (stage, replica)'s tensor/context-parallel group is a straggler (or
+    every one a late launcher), one finding of that kind on the group: they wait for their slowest member
+    inside their tp/cp collectives, and a trace that does not time those collectives (NDTimeline's compute
+    ops span them) cannot say which GPU it is."""
     groups = scores.groupby(["pp", "dp"])["rank"].unique()
     single = {f.ranks[0]: f for f in findings if len(f.ranks) == 1}
     used: set[int] = set()
@@ -21,16 +22,22 @@ def merge_tp_groups(findings: list[Finding], scores: pd.DataFrame) -> list[Findi
         if len(ranks) < 2 or not set(ranks) <= single.keys():
             continue
         parts = [single[r] for r in ranks]
+        if len({p.kind for p in parts}) != 1:
+            continue  # (a late launch merged with stragglers was reported as a straggler of the group)
         worst = max(parts, key=lambda f: f.severity)
         first = min(p.steps[0] for p in parts)
+        group = f"The tensor/context-parallel group of ranks {rank_list(ranks)} (stage {stage}, replica {replica})"
+        if worst.kind == "late_launch":
+            summary = (f"{group} issues its collectives late since step {first} while its compute is normal; its "
+                       f"ranks wait for each other inside their tp/cp collectives, which this trace does not time: "
+                       f"look for host-side pauses on their hosts (garbage collection, CPU contention).")
+        else:
+            summary = (f"{group} computes {100 * (worst.severity - 1):.0f}% slower than the other replicas of its "
+                       f"stage since step {first}; one of its GPUs is slow and the others wait for it inside their "
+                       f"tp/cp collectives, which this trace does not time: check each GPU's clocks, thermals and ECC.")
         merged.append(Finding(
-            kind="straggler", ranks=ranks, hosts=list(dict.fromkeys(h for p in parts for h in p.hosts)),
-            steps=(first, max(p.steps[1] for p in parts)), severity=worst.severity,
-            summary=(f"The tensor/context-parallel group of ranks {rank_list(ranks)} "
-                     f"(stage {stage}, replica {replica}) "
-                     f"computes {100 * (worst.severity - 1):.0f}% slower than the other replicas of its stage since "
-                     f"step {first}; one of its GPUs is slow and the others wait for it inside their tp/cp "
-                     f"collectives, which this trace does not time: check each GPU's clocks, thermals and ECC."),
+            kind=worst.kind, ranks=ranks, hosts=list(dict.fromkeys(h for p in parts for h in p.hosts)),
+            steps=(first, max(p.steps[1] for p in parts)), severity=worst.severity, summary=summary,
             evidence={**worst.evidence, "tp_group": ranks, "per_rank": {str(p.ranks[0]): round(p.severity, 4)
                                                                         for p in parts}}))
         used |= set(ranks)

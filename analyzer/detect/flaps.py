@@ -210,7 +210,11 @@ class FlapDetector:
                   store: Store, what: str, group: str = "pp") -> Finding | None:
         c = self.cfg
         # an episode is >= min_episode_steps long: a single degraded step is a hiccup, not a flap
-        episodes = [e for e in runs(per_step.index, max_gap=1) if e[2] >= c.min_episode_steps]
+        # runs of consecutive analyzed steps (positions: a sampled trace's ids are N apart), as step ids
+        ids = bounds.index.sort_values()
+        at = ids.get_indexer(per_step.index)
+        episodes = [(int(ids[a]), int(ids[b]), n) for a, b, n in runs(at[at >= 0], max_gap=1)
+                    if n >= c.min_episode_steps]
         degraded = len(per_step)
         ratio = float(per_step.ratio.median())
         extra_ms = 1e3 * float((per_step.value - per_step.baseline).median())

@@ -55,6 +55,15 @@ ONSET_SHARE = 0.6
 slowed, or a noisy one just before, is not yet the new level (the error is late by a step at most)."""
 
 
+DATA_WORK_SHARE = 0.25
+"""Late launches: the share of the own-time excess (log ratio) the rank's compute must carry before its
+replica's compute can explain it as data. Measured on the independent generator (no p2p rows): sequence
+lengths AR(1) rho 0.8, dp32 x pp2 x cp2, seed 0, replica 12's four ranks late launches beside the workload
+imbalance on steps 0-7: own-time level 0.24, own compute 0.11 (46%), the other stage's compute 0.11; an
+untraced 20 ms host pause on one rank of dp4 x pp4 and the ranks waiting on it: own compute <= 2% of
+their level (issue 31, item 5)."""
+
+
 @dataclass
 class Episode:
     first: int
@@ -278,6 +287,16 @@ class StragglerDetector:
         replica = float(ep.rows.x_replica_work_s.median()) if "x_replica_work_s" in ep.rows else float("nan")
         return not replica >= self.cfg.replica_share * level  # NaN (no other stage traced): no veto
 
+    def _replica_data(self, sel: pd.DataFrame, level: float) -> bool:
+        """A rank's own-time excess is its replica's data when its compute carries a material part of it
+        (>= DATA_WORK_SHARE of the level) and the replica's ranks on the other stages computed at least
+        replica_share as much more than their stage peers at the same steps: they got the same long
+        sequences (its gaps then are waits on them, also longer). A rank pausing slows its replica's
+        other stages through their waits, not their compute, and its own compute is normal."""
+        own = float(sel.x_work_s.median())
+        replica = float(sel.x_replica_work_s.median()) if "x_replica_work_s" in sel else float("nan")
+        return own >= DATA_WORK_SHARE * level and replica >= self.cfg.replica_share * own
+
     def _sustained(self, grid: ScoreGrid, sigma: float, skip: set[int]) -> dict[int, Episode]:
         """Shifts too small for per-step flags under heavy noise but held for long (issue 13 case 2): a
         one-sided CUSUM of each rank's score (in sigma, clipped) proposes a stretch; the evidence of the
@@ -415,6 +434,8 @@ class StragglerDetector:
                 continue  # its compute is slow too: not a launch problem
             if float((sel.gap_p2p_s / excess).median()) >= 0.5:
                 continue  # delays before pipeline transfers: a link problem (flaps.py)
+            if measure == "own_s" and self._replica_data(sel, ep.level):
+                continue
             excess_ms = 1e3 * float(excess.median())
             host = hosts_of(store.topology, [int(rank)])
             steps = sorted(int(s) for s in sel.pos)  # positions: "every step" of a sampled trace too

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from megascope.analyzer import Run
-from megascope.tracer.importers import kineto_gpu
+from megascope.tracer.importers import kineto_gpu, spool
 from megascope.tracer.importers.cli import import_run
 from megascope.tracer.importers.comm_kernels import comm_kernel
 
@@ -133,7 +133,7 @@ def spool_root(tmp_path: Path, monkeypatch) -> Path:
 
 @pytest.mark.parametrize("spool_rows", [3, 131_072], ids=["many-spool-files", "one-spool-file"])
 def test_gpu_activity_lands_in_kernels_with_its_launch(tmp_path: Path, spool_root: Path, monkeypatch, spool_rows):
-    monkeypatch.setattr(kineto_gpu, "SPOOL_ROWS", spool_rows)
+    monkeypatch.setattr(spool, "SPOOL_ROWS", spool_rows)
     expected = {}
     paths = []
     for rank in (0, 1):
@@ -169,7 +169,7 @@ def test_gpu_activity_lands_in_kernels_with_its_launch(tmp_path: Path, spool_roo
     manifest = json.loads((tmp_path / "run" / "run.json").read_text())
     assert manifest["import"]["rows"]["kernels"] == len(got)
     assert [s["gpu_activities"] for s in manifest["import"]["sources"]] == [len(expected[0]), len(expected[1])]
-    assert not list(spool_root.glob("megascope-kineto-gpu-*")), "GPU spools must be removed"
+    assert not list(spool_root.glob("megascope-kineto-*")), "spools must be removed"
 
 
 def test_cpu_only_trace_writes_no_kernels(tmp_path: Path, spool_root: Path):
@@ -177,11 +177,11 @@ def test_cpu_only_trace_writes_no_kernels(tmp_path: Path, spool_root: Path):
     trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") not in kineto_gpu.GPU_CATS]
     import_run("kineto", [_write(tmp_path / "trace_rank0.json", trace)], tmp_path / "run")
     assert not (tmp_path / "run" / "kernels").exists()
-    assert not list(spool_root.glob("megascope-kineto-gpu-*"))
+    assert not list(spool_root.glob("megascope-kineto-*"))
 
 
 def test_truncated_gpu_trace_keeps_the_readable_rank_and_no_spool(tmp_path: Path, spool_root: Path, monkeypatch):
-    monkeypatch.setattr(kineto_gpu, "SPOOL_ROWS", 2)  # spool files exist when the file breaks off
+    monkeypatch.setattr(spool, "SPOOL_ROWS", 2)  # spool files exist when the file breaks off
     good = _write(tmp_path / "trace_rank0.json", gpu_trace(0)[0])
     text = json.dumps(gpu_trace(1)[0])
     cut = text.index('"cat": "gpu_memset"') + 200
@@ -190,7 +190,7 @@ def test_truncated_gpu_trace_keeps_the_readable_rank_and_no_spool(tmp_path: Path
     result = import_run("kineto", [good, bad], tmp_path / "run")
     assert result.ranks == [0] and result.failed_sources == [str(bad)]
     assert set(_kernels(tmp_path / "run")["rank"]) == {0}
-    assert not list(spool_root.glob("megascope-kineto-gpu-*"))
+    assert not list(spool_root.glob("megascope-kineto-*"))
 
 
 # ---- communication kernels: one row of comm_kernels' table per name, as profilers have recorded them ----

@@ -18,28 +18,39 @@
   launch, joined on the correlation id (kineto_gpu.py); NCCL/RCCL kernels are marked with their op and
   kind from one name table (comm_kernels.py), and a multi-rank GPU trace with none is warned about.
 
-Files are streamed (json_stream) one rank per process (`jobs`), each writing its own rank's segments:
-memory is bounded by the per-thread runs of ops, not by the file size.
+Bounded memory, whatever the size of a file: it is streamed (json_stream), files are read in parallel
+processes (`jobs`), and what is kept of each event (steps, runs of ops per thread, comm ops, GPU
+activity and launches) goes to the file's spool (spool.py: temporary Parquet parts). The rank is then
+converted from its spool by DuckDB queries read back in sorted batches (spilling to disk under a
+memory limit): ops painted by a streaming sweep, comm ops matched to their executions in one pass,
+rows flushed to the segment writer in batches. What grows with the trace is on disk; in memory only
+the step table (24 bytes a step) and the writer's buffer of `flush_rows` rows.
 """
 
 from __future__ import annotations
 
-import ast
 import multiprocessing as mp
 import re
-from collections import Counter, defaultdict
+from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
+from megascope.tracer.importers import kineto_comms as kc
 from megascope.tracer.importers import kineto_ops as ko
+from megascope.tracer.importers import spool as sp
 from megascope.tracer.importers.json_stream import EVENTS_KEY, TraceJsonError, TraceJsonReader
 from megascope.tracer.importers.kineto_gpu import (
+    ACTIVITY,
     GPU_CATS,
+    LAUNCH,
     LAUNCH_CATS,
-    GpuSpool,
+    add_activity,
+    add_launch,
     is_launch,
-    remove_spool,
     write_kernels,
 )
 from megascope.tracer.importers.layout import layout_from_sizes
@@ -48,33 +59,23 @@ from megascope.tracer.layout import Layout
 
 MERGE_GAP_NS = 1_000_000  # ops of one kind less than 1 ms apart are one span (Python overhead between them)
 _TRAILING_DIGITS = re.compile(r"(\d+)(?:\.pt)?\.json(?:\.gz)?$|(\d+)$")
-
-
-@dataclass(slots=True)  # one per communication op of the file: kept small
-class _Comm:
-    tid: Any
-    start: int
-    end: int
-    name: str            # our name: all_reduce, send, ...
-    raw: str
-    numel: int | None = None
-    elem_bytes: int | None = None
-    peer_local: int | None = None
-    group_ranks: list[int] | None = None
-    seq: int | None = None
+SPOOL_TABLES = {
+    "step": pa.schema([("tid", pa.string()), ("number", pa.int64()), ("start", pa.int64()), ("end", pa.int64())]),
+    "span": pa.schema([("tid", pa.string()), ("start", pa.int64()), ("end", pa.int64()), ("cls", pa.int8())]),
+    "comm": kc.COMMS, "act": ACTIVITY, "launch": LAUNCH,
+}
+"""A file's spool: ProfilerStep#N annotations, runs of ops per thread (_ThreadRuns), comm ops, GPU
+activity and launches (kineto_gpu)."""
 
 
 @dataclass
 class RankTrace:
-    """Everything kept from one file: small, whatever the file size."""
+    """What is kept of one file in memory: its metadata and counts; the rest is in its spool."""
     path: str
     meta: dict[str, Any] = field(default_factory=dict)
-    steps: list[tuple[int, int, int]] = field(default_factory=list)
-    intervals: dict[Any, list[tuple[int, int, int]]] = field(default_factory=lambda: defaultdict(list))
-    comms: list[_Comm] = field(default_factory=list)
     events_read: int = 0
-    gpu_spool: str | None = None
-    """Temporary folder of the spooled GPU activity and launches (None: none in the file)."""
+    spool: str | None = None
+    """Temporary folder of the spooled tables (SPOOL_TABLES); None: nothing to spool."""
     gpu_activities: int = 0
     comm_kernels: int = 0
     """GPU kernels recognized as NCCL/RCCL communication (comm_kernels.py), counted while writing."""
@@ -84,8 +85,8 @@ class _ThreadRuns:
     """Per thread: merges runs of same-class events on the fly and skips events nested in a parent of
     the same or a higher class (the aten ops inside a backward function, ...)."""
 
-    def __init__(self, out: list[tuple[int, int, int]]) -> None:
-        self.out = out
+    def __init__(self, emit: Callable[[int, int, int], None]) -> None:
+        self.emit = emit
         self.run: list[int] | None = None  # [start, end, cls]
         self.cover_end, self.cover_cls = -1, -1
 
@@ -93,7 +94,7 @@ class _ThreadRuns:
         if start < self.cover_end and cls <= self.cover_cls:
             return
         if start < self.cover_end:  # a higher class inside a parent (comm inside a forward annotation)
-            self.out.append((start, end, cls))
+            self.emit(start, end, cls)
             return
         self.cover_end, self.cover_cls = end, cls
         run = self.run
@@ -101,31 +102,39 @@ class _ThreadRuns:
             run[1] = max(run[1], end)
             return
         if run is not None:
-            self.out.append((run[0], run[1], run[2]))
+            self.emit(run[0], run[1], run[2])
         self.run = [start, end, cls]
 
     def close(self) -> None:
         if self.run is not None:
-            self.out.append((self.run[0], self.run[1], self.run[2]))
+            self.emit(self.run[0], self.run[1], self.run[2])
             self.run = None
 
 
 def read_rank_trace(path: Path) -> RankTrace:
-    """Stream one file into a RankTrace. Raises TraceJsonError / ImportInputError."""
+    """Stream one file into a RankTrace and its spool. Raises TraceJsonError / ImportInputError (and
+    leaves no spool behind)."""
     trace = RankTrace(str(path))
-    spool = GpuSpool()
+    spool = sp.Spool(SPOOL_TABLES, prefix="megascope-kineto-")
     try:
         _read_events(path, trace, spool)
+        trace.spool = spool.close()
     except BaseException:
         spool.discard()
         raise
-    trace.gpu_spool = spool.close()
-    trace.gpu_activities = spool.activities
+    trace.gpu_activities = spool.rows["act"]
     return trace
 
 
-def _read_events(path: Path, trace: RankTrace, spool: GpuSpool) -> None:
-    threads: dict[Any, _ThreadRuns] = {}
+def _span_emitter(spool: sp.Spool, tid: str) -> Callable[[int, int, int], None]:
+    def emit(start: int, end: int, cls: int) -> None:
+        spool.append("span", (tid, start, end, cls))
+    return emit
+
+
+def _read_events(path: Path, trace: RankTrace, spool: sp.Spool) -> None:
+    threads: dict[str, _ThreadRuns] = {}
+    comms = kc.CommLog(spool)
     seen_events = False
     for key, value in TraceJsonReader(path):
         if key != EVENTS_KEY:
@@ -142,26 +151,25 @@ def _read_events(path: Path, trace: RankTrace, spool: GpuSpool) -> None:
         start = int(round(ts * 1000))
         end = start + int(round((dur or 0) * 1000))
         if cat in GPU_CATS:
-            spool.activity(name, cat, value.get("args") or {}, start, end)
+            add_activity(spool, name, cat, value.get("args") or {}, start, end)
             continue
         if cat in LAUNCH_CATS:
             if is_launch(name):
-                spool.launch((value.get("args") or {}).get("correlation"), start)
+                add_launch(spool, (value.get("args") or {}).get("correlation"), start)
             continue
-        tid = value.get("tid")
+        tid = str(value.get("tid"))
         step = ko.step_number(name) if cat == "user_annotation" else None
         if step is not None:
-            trace.steps.append((step, start, end))
-            trace.meta.setdefault("_main_tids", set()).add(tid)
+            spool.append("step", (tid, step, start, end))
             continue
         cls = ko.classify(name, cat)
         if cls is None:
             continue
         if cls == ko.COMM:
-            _add_comm(trace, tid, start, end, name, value.get("args") or {})
+            comms.add(tid, start, end, name, value.get("args") or {})
         runs = threads.get(tid)
         if runs is None:
-            runs = threads[tid] = _ThreadRuns(trace.intervals[tid])
+            runs = threads[tid] = _ThreadRuns(_span_emitter(spool, tid))
         runs.add(start, end, cls)
     if not seen_events:
         keys = ", ".join(list(trace.meta)[:6]) or "nothing"
@@ -169,42 +177,7 @@ def _read_events(path: Path, trace: RankTrace, spool: GpuSpool) -> None:
                                "pass the JSON written by prof.export_chrome_trace or tensorboard_trace_handler")
     for runs in threads.values():
         runs.close()
-
-
-def _add_comm(trace: RankTrace, tid: Any, start: int, end: int, raw: str, args: dict) -> None:
-    if raw == "record_param_comms":  # NCCL metadata: attach to the c10d op it sits in
-        parent = next((c for c in reversed(trace.comms[-4:]) if c.tid == tid and c.start <= start <= c.end), None)
-        name = ko.comm_name(str(args.get("Collective name", "")))
-        target = parent or _Comm(tid, start, end, name or "unknown", raw)
-        if parent is None and name is None:
-            return
-        target.numel = int(args.get("In msg nelems") or args.get("In msg size") or 0) or target.numel
-        target.elem_bytes = ko.dtype_bytes(args.get("dtype")) or target.elem_bytes
-        target.group_ranks = _ranks(args.get("Process Group Ranks")) or target.group_ranks
-        seq = args.get("Seq") if args.get("Seq") is not None else args.get("seq")
-        target.seq = int(seq) if isinstance(seq, (int, float)) else target.seq
-        if parent is None:
-            trace.comms.append(target)
-        return
-    name = ko.comm_name(raw)
-    if name is None:
-        return
-    comm = _Comm(tid, start, end, name, raw, numel=ko.numel(args.get("Input Dims")),
-                 elem_bytes=ko.dtype_bytes(args.get("Input type")))
-    if name in ("send", "recv") and raw.startswith("c10d::"):
-        concrete = args.get("Concrete Inputs") or []
-        if len(concrete) > 2 and str(concrete[2]).lstrip("-").isdigit():
-            comm.peer_local = int(concrete[2])
-    trace.comms.append(comm)
-
-
-def _ranks(value: Any) -> list[int] | None:
-    if isinstance(value, str):
-        try:
-            value = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            return None
-    return [int(r) for r in value] if isinstance(value, (list, tuple)) and value else None
+    comms.close()
 
 
 def rank_of(trace: RankTrace, single: bool = False) -> int | None:
@@ -223,46 +196,103 @@ def rank_of(trace: RankTrace, single: bool = False) -> int | None:
                            "(a single trace without them is imported as rank 0 of a world of 1)")
 
 
-def whole_region_step(trace: RankTrace) -> bool:
-    """A trace without ProfilerStep#N annotations: make its profiled region step 0, on the thread
-    whose ops cover the most time (the training loop's); False when it has no ops at all."""
-    busy = {tid: sum(e - s for s, e, _ in spans) for tid, spans in trace.intervals.items() if spans}
-    if not busy:
-        return False
-    main = max(busy, key=lambda tid: busy[tid])
-    spans = trace.intervals[main]
-    issued = [c for c in trace.comms if c.tid == main]
-    start = min([s for s, _, _ in spans] + [c.start for c in issued])
-    end = max([e for _, e, _ in spans] + [c.end for c in issued])
-    trace.steps = [(0, start, end)]
-    trace.meta["_main_tids"] = {main}
-    return True
+def _steps(con: Any, folder: str) -> tuple[ko.StepIndex, list[str], bool]:
+    """The rank's steps (sorted by start), its main threads (those of the ProfilerStep annotations) and
+    whether its profiled region had to be taken as one step 0 (no annotations: `_whole_region`)."""
+    steps = sp.parts(folder, "step")
+    if steps is not None:
+        rows = con.execute('SELECT number, start, "end" FROM read_parquet($p) ORDER BY start', {"p": steps})
+        index = ko.StepIndex(rows.fetchall())
+        tids = [t for (t,) in con.execute("SELECT DISTINCT tid FROM read_parquet($p)", {"p": steps}).fetchall()]
+        return index, tids, False
+    index, tids = _whole_region(con, folder)
+    return index, tids, bool(tids)
+
+
+def _whole_region(con: Any, folder: str) -> tuple[ko.StepIndex, list[str]]:
+    """A trace without ProfilerStep#N annotations: its profiled region is step 0, on the thread whose
+    ops cover the most time (the training loop's); no steps and no thread when it has no ops at all."""
+    spans, comms = sp.parts(folder, "span"), sp.parts(folder, "comm")
+    if spans is None:
+        return ko.StepIndex([]), []
+    [(main,)] = con.execute('SELECT tid FROM read_parquet($p) GROUP BY tid ORDER BY sum("end" - start) DESC, '
+                          "min(start) LIMIT 1", {"p": spans}).fetchall()
+    both = 'SELECT start, "end" FROM read_parquet($spans) WHERE tid = $tid'
+    if comms is not None:
+        both += ' UNION ALL SELECT start, "end" FROM read_parquet($comms) WHERE tid = $tid'
+    [(start, end)] = con.execute(f'SELECT min(start), max("end") FROM ({both})',
+                                 {"spans": spans, "tid": main, **({"comms": comms} if comms else {})}).fetchall()
+    return ko.StepIndex([(0, start, end)]), [main]
+
+
+def _spans(con: Any, folder: str, tid: str, batch_rows: int = 65_536) -> Iterator[tuple[int, int, int]]:
+    """One thread's runs of ops (start, end, class), sorted by start, in batches."""
+    spans = sp.parts(folder, "span")
+    if spans is None:
+        return
+    reader = con.sql('SELECT start, "end", cls FROM read_parquet($p) WHERE tid = $tid ORDER BY start',
+                     params={"p": spans, "tid": tid}).to_arrow_reader(batch_rows)
+    for batch in reader:
+        yield from zip(*(batch.column(i).to_pylist() for i in range(3)))
 
 
 # ---- conversion of one rank ----------------------------------------------------------------------
-def convert_rank(trace: RankTrace, rank: int, layout: Layout, writer: RunWriter) -> int:
-    """Write one rank's steps, compute spans and comm events; returns the number of events written."""
-    base = int(trace.meta.get("baseTimeNanoseconds") or 0)
-    main_tids = trace.meta.get("_main_tids") or set()
-    if not trace.steps or not main_tids:
-        raise ImportInputError(f"{trace.path}: no ProfilerStep#N annotations and no CPU ops to import; pass "
-                               "a trace of the training loop (torch.profiler with ProfilerActivity.CPU)")
-    index = ko.StepIndex(trace.steps)
-    for number, start, end in sorted(trace.steps):
-        writer.step(rank, number, base + start, base + end)
-    written = outside = 0
+def convert_rank(trace: RankTrace, rank: int, layout: Layout, writer: RunWriter) -> bool:
+    """Write one rank's steps, compute spans, comm events and GPU activity from its spool; returns whether
+    its profiled region was taken as one step (no ProfilerStep#N annotations)."""
+    folder = trace.spool
+    if folder is None:
+        raise _no_ops(trace)
+    con = sp.connect(folder)
+    try:
+        index, main_tids, one_step = _steps(con, folder)
+        if not len(index) or not main_tids:
+            raise _no_ops(trace)
+        base = int(trace.meta.get("baseTimeNanoseconds") or 0)
+        for number, start, end in index:
+            writer.step(rank, number, base + start, base + end)
+        outside = _write_spans(con, folder, main_tids, index, rank, base, writer)
+        comms = sp.parts(folder, "comm")
+        if comms is not None:
+            outside += _write_comms(kc.rows(con, comms, main_tids), index, rank, base, layout, writer)
+        if outside:
+            writer.warn(f"rank {rank}: {outside} span(s) outside every ProfilerStep were left out")
+        if trace.gpu_activities:
+            _write_gpu(con, trace, rank, base, index, layout, writer)
+    finally:
+        con.close()
+    writer.flush_rank(rank)
+    return one_step
+
+
+def _no_ops(trace: RankTrace) -> ImportInputError:
+    return ImportInputError(f"{trace.path}: no ProfilerStep#N annotations and no CPU ops to import; pass "
+                            "a trace of the training loop (torch.profiler with ProfilerActivity.CPU)")
+
+
+def _write_spans(con: Any, folder: str, main_tids: list[str], index: ko.StepIndex, rank: int, base: int,
+                 writer: RunWriter) -> int:
+    """The main threads' ops painted into compute spans, cut at step boundaries; returns the spans
+    outside every step."""
+    outside = 0
     for tid in main_tids:
-        for start, end, cls in ko.paint(trace.intervals.get(tid, []), MERGE_GAP_NS):
+        for start, end, cls in ko.paint(_spans(con, folder, tid), MERGE_GAP_NS):
             pieces = index.split(start, end)
             outside += not pieces
             name, kind = ko.SPAN_NAMES[cls]
             for step, lo, hi in pieces:
                 writer.event(rank, step, name, kind, base + lo, base + hi)
-                written += 1
-    ops = _matched_comms(trace, main_tids)
+    return outside
+
+
+def _write_comms(ops: Iterator[kc.Comm], index: ko.StepIndex, rank: int, base: int, layout: Layout,
+                 writer: RunWriter) -> int:
+    """The issued comm ops, ended at their executions, as collective/p2p events; returns those outside
+    every step."""
     counters: Counter = Counter()
     default_group = _default_group(layout)
-    for op in ops:
+    outside = 0
+    for op in kc.match_executions(ops):
         op_step = index.at(op.start)
         if op_step is None:
             outside += 1
@@ -282,43 +312,22 @@ def convert_rank(trace: RankTrace, rank: int, layout: Layout, writer: RunWriter)
         counters[group] += 1
         writer.event(rank, op_step, op.name, "collective", base + op.start, base + op.end, group=group, seq=seq,
                      nbytes=nbytes)
-        written += 1
-    if outside:
-        writer.warn(f"rank {rank}: {outside} span(s) outside every ProfilerStep were left out")
-    if trace.gpu_spool:
-        kernels, unlaunched, comm = write_kernels(trace.gpu_spool, rank, base, trace.steps, writer)
-        trace.comm_kernels = comm
-        if unlaunched:
-            writer.warn(f"rank {rank}: {unlaunched} of {kernels} GPU activities have no launching runtime call "
-                        "in the trace (launch_ns = -1)")
-        if not comm and layout.world > 1:
-            writer.warn(f"rank {rank}: none of its {kernels} GPU activities is a known NCCL/RCCL communication "
-                        "kernel (ncclDevKernel_*, ncclKernel_*, ...; tracer/importers/comm_kernels.py), so its "
-                        "collectives have no GPU side; profile with ProfilerActivity.CUDA while the job "
-                        "communicates, or add its kernels' names to that table")
-    writer.flush_rank(rank)
-    return written
+    return outside
 
 
-def _matched_comms(trace: RankTrace, main_tids: set) -> list[_Comm]:
-    """Issued ops (c10d::*, record_param_comms on the main thread), each ended at its backend execution
-    (gloo:*/nccl:* annotation of the same op and size, first come first served)."""
-    issued = sorted((c for c in trace.comms if c.tid in main_tids and not c.raw.startswith(("gloo:", "nccl:"))),
-                    key=lambda c: c.start)
-    executed = sorted((c for c in trace.comms if c.raw.startswith(("gloo:", "nccl:"))), key=lambda c: c.start)
-    pending: dict[str, list[_Comm]] = defaultdict(list)
-    for op in issued:
-        pending[op.name].append(op)
-    for ex in executed:
-        queue = pending.get(ex.name, [])
-        for i, op in enumerate(queue[:16]):
-            if op.start <= ex.start + 1000 and (op.numel is None or ex.numel is None or op.numel == ex.numel):
-                op.end = max(op.end, ex.end)
-                op.numel = op.numel or ex.numel
-                op.elem_bytes = op.elem_bytes or ex.elem_bytes
-                del queue[i]
-                break
-    return issued
+def _write_gpu(con: Any, trace: RankTrace, rank: int, base: int, index: ko.StepIndex, layout: Layout,
+               writer: RunWriter) -> None:
+    assert trace.spool is not None
+    kernels, unlaunched, comm = write_kernels(con, trace.spool, rank, base, index, writer)
+    trace.comm_kernels = comm
+    if unlaunched:
+        writer.warn(f"rank {rank}: {unlaunched} of {kernels} GPU activities have no launching runtime call "
+                    "in the trace (launch_ns = -1)")
+    if not comm and layout.world > 1:
+        writer.warn(f"rank {rank}: none of its {kernels} GPU activities is a known NCCL/RCCL communication "
+                    "kernel (ncclDevKernel_*, ncclKernel_*, ...; tracer/importers/comm_kernels.py), so its "
+                    "collectives have no GPU side; profile with ProfilerActivity.CUDA while the job "
+                    "communicates, or add its kernels' names to that table")
 
 
 def _default_group(layout: Layout) -> str:
@@ -328,7 +337,7 @@ def _default_group(layout: Layout) -> str:
     return nontrivial[0] if len(nontrivial) == 1 else ("dp" if not nontrivial else "")
 
 
-def _global_peer(op: _Comm, rank: int, layout: Layout) -> int:
+def _global_peer(op: kc.Comm, rank: int, layout: Layout) -> int:
     local = op.peer_local if op.peer_local is not None else -1
     if local < 0:
         return -1
@@ -379,9 +388,8 @@ def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int 
                 layout = layout or _layout(trace, dp, tp, pp, vpp)
                 if rank >= layout.world:
                     raise ImportInputError(f"{path} is rank {rank}, outside the world of {layout.world}")
-                if not trace.steps and whole_region_step(trace):
+                if convert_rank(trace, rank, layout, writer):
                     one_step.append(rank)
-                convert_rank(trace, rank, layout, writer)
             except ImportInputError as exc:
                 if "both rank" in str(exc):
                     raise
@@ -390,7 +398,7 @@ def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int 
                 writer.input_done()
                 continue
             finally:
-                remove_spool(trace.gpu_spool)
+                sp.remove(trace.spool)
             done[rank] = str(path)
             hosts[rank] = str(trace.meta.get("host_name") or "unknown")
             writer.add_source(path, kind="kineto trace", rank=rank, events=trace.events_read,
@@ -399,9 +407,9 @@ def import_kineto(paths: list[Path], writer: RunWriter, dp: int | None, tp: int 
     finally:
         if pool:
             pool.close()
-            for rest in results:  # stopped early (an error): the unread traces' GPU spools
+            for rest in results:  # stopped early (an error): the unread traces' spools
                 if isinstance(rest, RankTrace):
-                    remove_spool(rest.gpu_spool)
+                    sp.remove(rest.spool)
             pool.join()
     if one_step:
         listed = ", ".join(map(str, sorted(one_step)[:16]))
@@ -431,7 +439,7 @@ def _layout(trace: RankTrace, dp: int | None, tp: int | None, pp: int | None, vp
     world = info.get("world_size")
     if not isinstance(world, int):
         world = (dp or 1) * (tp or 1) * (pp or 1)
-    groups = [_ranks(g.get("ranks")) or [] for g in info.get("pg_config") or [] if isinstance(g, dict)]
+    groups = [kc.parse_ranks(g.get("ranks")) or [] for g in info.get("pg_config") or [] if isinstance(g, dict)]
     try:
         return layout_from_sizes(world, dp, tp, pp, vpp, groups)
     except ValueError as exc:

@@ -5,8 +5,8 @@ correlation id, the same id the tracer's CUPTI recorder writes).
 
 The launch and its kernel can be anywhere in the file relative to each other (Kineto writes CPU ops and
 GPU activity in buffer order), and a long GPU trace holds millions of each: both are spooled while the
-file streams (`GpuSpool`, temporary Parquet files of `flush_rows` rows) and joined on the correlation
-id by DuckDB (`write_kernels`), which spills to disk, so memory stays bounded.
+file streams (the `act` and `launch` tables of the file's spool.Spool) and joined on the correlation id
+by DuckDB (`write_kernels`), which spills to disk, so memory stays bounded.
 
 Rows: the kernels schema (rank, name, stream, correlation, start_ns, end_ns; tracer/schema.py) plus
 `launch_ns` (-1: the launch is not in the trace), `step` (the ProfilerStep#N holding the launch, else
@@ -19,22 +19,19 @@ extras are in the segments (`read_parquet('RUN/kernels/rank=*/*.parquet')`).
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
+from megascope.tracer.importers import spool as sp
 from megascope.tracer.importers.comm_kernels import comm_kernel
+from megascope.tracer.importers.kineto_ops import StepIndex
+from megascope.tracer.importers.spool import Spool
 
 GPU_CATS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 _LAUNCH_WORDS = ("Launch", "Memcpy", "Memset", "memcpy", "memset")
-SPOOL_ROWS = 131_072
-"""Rows buffered in memory before a spool file is written (per kind: activity, launch)."""
 
 ACTIVITY = pa.schema([("name", pa.string()), ("kind", pa.string()), ("stream", pa.int64()),
                       ("device", pa.int32()), ("correlation", pa.int64()), ("start", pa.int64()),
@@ -56,119 +53,56 @@ def _int(value: Any, default: int = -1) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
-class GpuSpool:
-    """Buffers GPU activity and launch rows, flushed to Parquet files in a temporary folder."""
-
-    def __init__(self, flush_rows: int | None = None) -> None:
-        self.flush_rows = flush_rows or SPOOL_ROWS
-        self.folder: str | None = None
-        self.activities = self.launches = 0
-        self._acts: dict[str, list] = {f.name: [] for f in ACTIVITY}
-        self._launch: dict[str, list] = {f.name: [] for f in LAUNCH}
-        self._parts = 0
-
-    def activity(self, name: str, cat: str, args: dict, start: int, end: int) -> None:
-        a = self._acts
-        a["name"].append(name)
-        a["kind"].append(GPU_CATS[cat])
-        a["stream"].append(_int(args.get("stream")))
-        a["device"].append(_int(args.get("device")))
-        a["correlation"].append(_int(args.get("correlation")))
-        a["start"].append(start)
-        a["end"].append(end)
-        a["bytes"].append(max(0, _int(args.get("bytes"), 0)))
-        self.activities += 1
-        if len(a["name"]) >= self.flush_rows:
-            self._flush()
-
-    def launch(self, correlation: Any, start: int) -> None:
-        corr = _int(correlation)
-        if corr < 0:
-            return
-        self._launch["correlation"].append(corr)
-        self._launch["launch"].append(start)
-        self.launches += 1
-        if len(self._launch["correlation"]) >= self.flush_rows:
-            self._flush()
-
-    def _flush(self) -> None:
-        for prefix, cols, schema in (("act", self._acts, ACTIVITY), ("launch", self._launch, LAUNCH)):
-            if not cols[schema[0].name]:
-                continue
-            if self.folder is None:
-                self.folder = tempfile.mkdtemp(prefix="megascope-kineto-gpu-")
-            table = pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)
-            pq.write_table(table, Path(self.folder) / f"{prefix}-{self._parts:06d}.parquet", compression="zstd")
-            self._parts += 1
-            for v in cols.values():
-                v.clear()
-
-    def close(self) -> str | None:
-        """Flush what is buffered; the folder to hand to write_kernels (None: no GPU activity)."""
-        if self.activities == 0:
-            self.discard()
-            return None
-        self._flush()
-        return self.folder
-
-    def discard(self) -> None:
-        remove_spool(self.folder)
-        self.folder = None
+def add_activity(spool: Spool, name: str, cat: str, args: dict, start: int, end: int) -> None:
+    """One GPU activity (a kernel, memcpy or memset) into the spool's `act` table."""
+    spool.append("act", (name, GPU_CATS[cat], _int(args.get("stream")), _int(args.get("device")),
+                         _int(args.get("correlation")), start, end, max(0, _int(args.get("bytes"), 0))))
 
 
-def remove_spool(folder: str | None) -> None:
-    if folder:
-        shutil.rmtree(folder, ignore_errors=True)
+def add_launch(spool: Spool, correlation: Any, start: int) -> None:
+    """One runtime/driver launch into the spool's `launch` table (skipped without a correlation id)."""
+    corr = _int(correlation)
+    if corr >= 0:
+        spool.append("launch", (corr, start))
 
 
-def write_kernels(folder: str, rank: int, base_ns: int, steps: list[tuple[int, int, int]], writer,
+def write_kernels(con: Any, folder: str, rank: int, base_ns: int, steps: StepIndex, writer,
                   batch_rows: int = 262_144) -> tuple[int, int, int]:
-    """Join the spooled activity with its launches, map to the run's clock, write the kernels segments.
-    Returns (rows written, rows without a launch, communication kernels)."""
-    import duckdb
-
-    spool = Path(folder)
-    con = duckdb.connect()
-    try:
-        con.execute("SET memory_limit='1GB'")
-        con.execute(f"SET temp_directory='{spool / 'duckdb'}'")
-        acts = f"read_parquet('{spool}/act-*.parquet')"
-        has_launch = any(spool.glob("launch-*.parquet"))
-        launches = (f"(SELECT correlation, min(launch) AS launch FROM read_parquet('{spool}/launch-*.parquet') "
-                    "GROUP BY correlation)" if has_launch else
-                    "(SELECT NULL::BIGINT AS correlation, NULL::BIGINT AS launch WHERE false)")
-        reader = con.sql(
-            f"SELECT a.name, a.kind, a.stream, a.device, a.correlation, a.start, a.\"end\", a.bytes, "
-            f"coalesce(l.launch, -1) AS launch FROM {acts} a LEFT JOIN {launches} l "
-            f"ON a.correlation = l.correlation AND a.correlation >= 0").to_arrow_reader(batch_rows)
-        order = sorted(steps, key=lambda s: s[1])
-        numbers = np.array([s[0] for s in order], dtype=np.int64)
-        starts = np.array([s[1] for s in order], dtype=np.int64)
-        ends = np.array([s[2] for s in order], dtype=np.int64)
-        written = unlaunched = comm = 0
-        for batch in reader:
-            cols = {name: batch.column(name).to_numpy(zero_copy_only=False) for name in batch.schema.names}
-            launch = cols["launch"].astype(np.int64)
-            found = launch >= 0
-            at = np.where(found, launch, cols["start"].astype(np.int64))
-            step = _step_of(at, numbers, starts, ends)
-            n = len(launch)
-            ops, kinds = _comm_columns(batch.column("name").to_pylist(), cols["kind"])
-            comm += sum(1 for k in kinds if k)
-            table = pa.Table.from_arrays([
-                pa.array(np.full(n, rank, dtype=np.int32)), batch.column("name"),
-                pa.array(cols["stream"].astype(np.int64)), pa.array(cols["correlation"].astype(np.int64)),
-                pa.array(cols["start"].astype(np.int64) + base_ns), pa.array(cols["end"].astype(np.int64) + base_ns),
-                pa.array(np.where(found, launch + base_ns, -1)), pa.array(step), batch.column("kind"),
-                pa.array(cols["device"].astype(np.int32)), pa.array(cols["bytes"].astype(np.int64)),
-                pa.array(ops, pa.string()), pa.array(kinds, pa.string()),
-            ], schema=KERNEL_ROWS)
-            writer.kernels(rank, table)
-            written += n
-            unlaunched += int(n - found.sum())
-        return written, unlaunched, comm
-    finally:
-        con.close()
+    """Join the spooled activity with its launches (on the spool's DuckDB connection `con`), map to the
+    run's clock, write the kernels segments. Returns (rows written, rows without a launch, comm kernels)."""
+    acts, launched = sp.parts(folder, "act"), sp.parts(folder, "launch")
+    if acts is None:
+        return 0, 0, 0
+    launches = ("(SELECT correlation, min(launch) AS launch FROM read_parquet($launch) GROUP BY correlation)"
+                if launched else "(SELECT NULL::BIGINT AS correlation, NULL::BIGINT AS launch WHERE false)")
+    reader = con.sql(
+        "SELECT a.name, a.kind, a.stream, a.device, a.correlation, a.start, a.\"end\", a.bytes, "
+        f"coalesce(l.launch, -1) AS launch FROM read_parquet($acts) a LEFT JOIN {launches} l "
+        "ON a.correlation = l.correlation AND a.correlation >= 0",
+        params={"acts": acts, **({"launch": launched} if launched else {})}).to_arrow_reader(batch_rows)
+    numbers, starts, ends = steps.arrays()
+    written = unlaunched = comm = 0
+    for batch in reader:
+        cols = {name: batch.column(name).to_numpy(zero_copy_only=False) for name in batch.schema.names}
+        launch = cols["launch"].astype(np.int64)
+        found = launch >= 0
+        at = np.where(found, launch, cols["start"].astype(np.int64))
+        step = _step_of(at, numbers, starts, ends)
+        n = len(launch)
+        ops, kinds = _comm_columns(batch.column("name").to_pylist(), cols["kind"])
+        comm += sum(1 for k in kinds if k)
+        table = pa.Table.from_arrays([
+            pa.array(np.full(n, rank, dtype=np.int32)), batch.column("name"),
+            pa.array(cols["stream"].astype(np.int64)), pa.array(cols["correlation"].astype(np.int64)),
+            pa.array(cols["start"].astype(np.int64) + base_ns), pa.array(cols["end"].astype(np.int64) + base_ns),
+            pa.array(np.where(found, launch + base_ns, -1)), pa.array(step), batch.column("kind"),
+            pa.array(cols["device"].astype(np.int32)), pa.array(cols["bytes"].astype(np.int64)),
+            pa.array(ops, pa.string()), pa.array(kinds, pa.string()),
+        ], schema=KERNEL_ROWS)
+        writer.kernels(rank, table)
+        written += n
+        unlaunched += int(n - found.sum())
+    return written, unlaunched, comm
 
 
 def _comm_columns(names: list[str], kinds: np.ndarray) -> tuple[list[str], list[str]]:

@@ -10,8 +10,13 @@ unclassified time join into one span, so a forward pass is one span like the tra
 
 from __future__ import annotations
 
+import heapq
 import re
+from array import array
 from bisect import bisect_right
+from collections.abc import Iterable, Iterator
+
+import numpy as np
 
 # classes, in painting priority order (higher wins)
 OP, FWD, BWD, OPTIM, DATA, COMM = range(6)
@@ -108,64 +113,99 @@ def dtype_bytes(value: object) -> int | None:
     return DTYPE_BYTES.get(value.strip().lower())
 
 
-def paint(intervals: list[tuple[int, int, int]], merge_gap_ns: int) -> list[tuple[int, int, int]]:
-    """(start, end, class) intervals -> non-overlapping spans (start, end, class), highest class wins,
-    same-class runs joined across gaps shorter than merge_gap_ns. COMM spans are left out (comm ops
-    are events of their own)."""
-    if not intervals:
-        return []
-    points = []
+def paint(intervals: Iterable[tuple[int, int, int]], merge_gap_ns: int) -> Iterator[tuple[int, int, int]]:
+    """(start, end, class) intervals, sorted by start -> non-overlapping spans (start, end, class), highest
+    class wins, same-class runs joined across gaps shorter than merge_gap_ns. COMM spans are left out (comm
+    ops are events of their own). Streams: each span is yielded once final, and memory holds only the
+    intervals open at an instant (a min-heap of their ends), whatever the number of intervals."""
+    painter = _Painter(merge_gap_ns)
+    open_ends: list[tuple[int, int]] = []
     for start, end, cls in intervals:
-        if end > start:
-            points.append((start, 1, cls))
-            points.append((end, -1, cls))
-    points.sort(key=lambda p: (p[0], p[1]))
-    counts = [0] * 6
-    segments: list[list[int]] = []
-    current, since = -1, 0
-    for t, delta, cls in points:
-        top_before = current
-        counts[cls] += delta
-        current = max((c for c in range(6) if counts[c] > 0), default=-1)
-        if current != top_before:
-            if top_before >= 0 and t > since:
-                _append(segments, since, t, top_before, merge_gap_ns)
-            since = t
-    return [(s[0], s[1], s[2]) for s in segments if s[2] != COMM]
+        if end <= start:
+            continue
+        while open_ends and open_ends[0][0] <= start:  # ends before starts at the same instant
+            t, closing = heapq.heappop(open_ends)
+            yield from painter.point(t, -1, closing)
+        yield from painter.point(start, 1, cls)
+        heapq.heappush(open_ends, (end, cls))
+    while open_ends:
+        t, closing = heapq.heappop(open_ends)
+        yield from painter.point(t, -1, closing)
+    yield from painter.close()
 
 
-def _append(segments: list[list[int]], start: int, end: int, cls: int, merge_gap_ns: int) -> None:
-    same = cls if cls != OP else FWD  # plain ops are forward work: they join forward annotations
-    if segments:
-        last = segments[-1]
-        if last[2] == same and start - last[1] <= merge_gap_ns:
+class _Painter:
+    """The sweep of `paint`: counts of open intervals per class, the top class since `since`, and the
+    span being extended (`last`), yielded when a span of another class or beyond the gap follows."""
+
+    def __init__(self, merge_gap_ns: int) -> None:
+        self.merge_gap_ns = merge_gap_ns
+        self.counts = [0] * 6
+        self.current, self.since = -1, 0
+        self.last: list[int] | None = None
+
+    def point(self, t: int, delta: int, cls: int) -> Iterator[tuple[int, int, int]]:
+        top_before = self.current
+        self.counts[cls] += delta
+        self.current = max((c for c in range(5, -1, -1) if self.counts[c] > 0), default=-1)
+        if self.current != top_before:
+            if top_before >= 0 and t > self.since:
+                yield from self._append(self.since, t, top_before)
+            self.since = t
+
+    def _append(self, start: int, end: int, cls: int) -> Iterator[tuple[int, int, int]]:
+        same = cls if cls != OP else FWD  # plain ops are forward work: they join forward annotations
+        last = self.last
+        if last is not None and last[2] == same and start - last[1] <= self.merge_gap_ns:
             last[1] = end
             return
-    segments.append([start, end, same])
+        if last is not None and last[2] != COMM:
+            yield last[0], last[1], last[2]
+        self.last = [start, end, same]
+
+    def close(self) -> Iterator[tuple[int, int, int]]:
+        if self.last is not None and self.last[2] != COMM:
+            yield self.last[0], self.last[1], self.last[2]
+        self.last = None
 
 
 class StepIndex:
-    """Which ProfilerStep#N an instant falls in (None outside every step)."""
+    """Which ProfilerStep#N an instant falls in (None outside every step). Steps are kept in three
+    int64 arrays (24 bytes a step), the only per-rank state that grows with the trace's length."""
 
-    def __init__(self, steps: list[tuple[int, int, int]]) -> None:
-        self.steps = sorted(steps, key=lambda s: s[1])  # (number, start, end)
-        self.starts = [s[1] for s in self.steps]
+    def __init__(self, steps: Iterable[tuple[int, int, int]]) -> None:
+        """`steps`: (number, start, end), sorted by start."""
+        self.numbers, self.starts, self.ends = array("q"), array("q"), array("q")
+        for number, start, end in steps:
+            self.numbers.append(number)
+            self.starts.append(start)
+            self.ends.append(end)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def __iter__(self) -> Iterator[tuple[int, int, int]]:
+        return zip(self.numbers, self.starts, self.ends)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """numbers, starts, ends as numpy views (no copy)."""
+        return (np.frombuffer(self.numbers, dtype=np.int64), np.frombuffer(self.starts, dtype=np.int64),
+                np.frombuffer(self.ends, dtype=np.int64))
 
     def split(self, start: int, end: int) -> list[tuple[int, int, int]]:
         """(step, start, end) pieces of [start, end) cut at step boundaries (a span painted across the
         end of one step and the start of the next is two spans, as the tracer would have recorded)."""
         i = max(0, bisect_right(self.starts, start) - 1)
         out = []
-        while i < len(self.steps) and self.steps[i][1] < end:
-            number, s, e = self.steps[i]
-            lo, hi = max(start, s), min(end, e)
+        while i < len(self.starts) and self.starts[i] < end:
+            lo, hi = max(start, self.starts[i]), min(end, self.ends[i])
             if hi > lo:
-                out.append((number, lo, hi))
+                out.append((self.numbers[i], lo, hi))
             i += 1
         return out
 
     def at(self, t: int) -> int | None:
         i = bisect_right(self.starts, t) - 1
-        if i >= 0 and t < self.steps[i][2]:
-            return self.steps[i][0]
+        if i >= 0 and t < self.ends[i]:
+            return self.numbers[i]
         return None

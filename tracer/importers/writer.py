@@ -41,7 +41,7 @@ _STEP_COLUMNS = [f.name for f in STEPS]
 class RunWriter:
     """Buffers events/steps per rank and writes them as segments of the run directory `out`."""
 
-    def __init__(self, out: str | Path, fmt: str, flush_rows: int = 500_000, inputs: int = 0,
+    def __init__(self, out: str | Path, fmt: str, flush_rows: int = 131_072, inputs: int = 0,
                  progress: Callable[[str, int, int], None] | None = None) -> None:
         self.final = Path(out)
         _check_out(self.final)

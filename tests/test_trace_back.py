@@ -80,6 +80,7 @@ def test_sampled_trace_names_the_culprit_alone_whatever_the_numbering(sampled, t
     assert f.steps == (OFFSET, OFFSET + EVERY * (KEPT - 1))
     if not p2p:  # the downstream ranks of its replica waited on it: its victims, named as such
         assert sorted(f.evidence["victims"]) == [spec.rank(0, s) for s in (1, 2, 3)]
+        assert "16, 32, 48 of its pipeline waited on it" in f.summary
     # the what-if replays each sampled step alone (the steps before it were not traced; without p2p rows
     # each stage's input inferred from the schedule): against the generator's own job without the fault
     # (its fault-free twin: same draws), 1.66x faster; measured 40.4% (p2p rows) and 36.8% (none) for 40%

@@ -165,6 +165,11 @@ def trace_back(store: Store, findings: list[Finding], max_steps: int = 8) -> lis
         if src != rank and waited >= VICTIM_SHARE * excess and culprit is not None and culprit is not f:
             gone.add(id(f))
             culprit.evidence.setdefault("victims", []).append(rank)
+    for f in findings:
+        if f.evidence.get("victims") and id(f) not in gone:
+            f.evidence["victims"] = sorted(f.evidence["victims"])
+            f.summary += (f" Rank(s) {', '.join(map(str, f.evidence['victims']))} of its pipeline waited on it and "
+                          "reached their collectives late: its victims, not culprits.")
     return [f for f in findings if id(f) not in gone]
 
 

@@ -1,22 +1,25 @@
-"""Huge traces in bounded memory: a generated multi-rank Kineto trace set (one JSON and one .json.gz per
-rank, the CPU training loop of import_throughput.py) imported by `megascope import kineto` in a fresh
-process, peak RSS (the whole process tree, sampled every 50 ms) and MB/s printed per size, so memory
-can be read against trace size side by side; then Holistic Trace Analysis's own loader
-(`TraceAnalysis(trace_dir=...)`, which parses every rank into pandas) and ours on a subset HTA can hold.
+"""Huge traces in bounded memory: a generated multi-rank Kineto trace set (one trace per rank, even ranks
+plain JSON and odd ranks .json.gz, the CPU training loop of import_throughput.py) imported by `megascope
+import kineto` in a fresh process; peak RSS (the whole process tree, sampled every 50 ms) and MB/s of
+uncompressed JSON printed per set size, so memory can be read against trace size side by side; then
+Holistic Trace Analysis's own loader (`TraceAnalysis(trace_dir=...)`, which parses every rank into
+pandas) and ours on a subset HTA can hold.
 
-    python benchmarks/import_memory.py [--gb 10] [--ranks 8] [--jobs 2] [--sizes 0.25,1]
-                                       [--hta-python /tmp/hta-venv/bin/python] [--hta-mb 40]
+    python benchmarks/import_memory.py [--gb 10] [--ranks 8] [--jobs 2] [--sizes 0.1,1]
+                                       [--hta-python /tmp/hta-venv/bin/python] [--hta-mb 200]
 
 `--gb` is the total uncompressed size of the largest set (the issue's goal is >= 10 GB); `--sizes`
-adds smaller sets (fractions of --gb) to show that memory does not grow with size. HTA is run with
-the interpreter given by --hta-python (a venv with `pip install holistictraceanalysis`; it pins its
-own pandas), skipped when none is given.
+are the fractions of --gb imported (a smaller set shows that memory does not grow with size). The
+sets are generated streaming, two ranks at a time, and removed after use. HTA runs with the
+interpreter given by --hta-python (a venv with `pip install HolisticTraceAnalysis`: it pins its own
+pandas), skipped when none is given.
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
+import multiprocessing as mp
+import os
 import shutil
 import subprocess
 import sys
@@ -35,19 +38,20 @@ TraceAnalysis(trace_dir=sys.argv[1])
 """
 
 
-def write_set(folder: Path, total_mb: float, ranks: int) -> tuple[int, float]:
-    """One trace per rank, total_mb MB of JSON in all, plus a .json.gz copy of each in folder/gz.
-    Returns (events, MB of JSON)."""
-    (folder / "json").mkdir(parents=True, exist_ok=True)
-    (folder / "gz").mkdir(exist_ok=True)
-    events = 0
-    for rank in range(ranks):
-        src = folder / "json" / f"trace_rank{rank}.json"
-        events += generate(src, total_mb / ranks, rank=rank, world=ranks)
-        with open(src, "rb") as f_in, gzip.open(folder / "gz" / f"{src.name}.gz", "wb", compresslevel=3) as f_out:
-            shutil.copyfileobj(f_in, f_out)
-    mb = sum(p.stat().st_size for p in (folder / "json").iterdir()) / 1e6
-    return events, mb
+def _one(job: tuple[Path, float, int, int]) -> int:
+    path, mb, rank, world = job
+    return generate(path, mb, rank=rank, world=world)
+
+
+def write_set(folder: Path, total_mb: float, ranks: int) -> tuple[int, float, float]:
+    """One trace per rank, total_mb MB of JSON in all (odd ranks gzip-compressed as they are written).
+    Returns (events, MB of JSON, seconds)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs = [(folder / f"trace_rank{r}.json{'.gz' if r % 2 else ''}", total_mb / ranks, r, ranks) for r in range(ranks)]
+    t0 = time.perf_counter()
+    with mp.get_context("spawn").Pool(2) as pool:
+        events = sum(pool.map(_one, jobs))
+    return events, total_mb, time.perf_counter() - t0
 
 
 def measure(cmd: list[str]) -> tuple[float, float]:
@@ -71,52 +75,60 @@ def measure(cmd: list[str]) -> tuple[float, float]:
 
 def ours(src: Path, out: Path, jobs: int) -> tuple[float, float]:
     shutil.rmtree(out, ignore_errors=True)
-    return measure([sys.executable, "-m", "megascope.cli", "import", "kineto", str(src), "--out", str(out),
-                    "--jobs", str(jobs)])
+    try:
+        return measure([sys.executable, "-m", "megascope.cli", "import", "kineto", str(src), "--out", str(out),
+                        "--jobs", str(jobs)])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--gb", type=float, default=10.0, help="total uncompressed JSON of the largest set (GB)")
-    p.add_argument("--sizes", default="0.25,1", help="fractions of --gb to import, comma-separated")
+    p.add_argument("--sizes", default="0.1,1", help="fractions of --gb to import, comma-separated")
     p.add_argument("--ranks", type=int, default=8, help="ranks (one trace file each)")
     p.add_argument("--jobs", type=int, default=2, help="megascope import --jobs (files parsed in parallel)")
-    p.add_argument("--hta-python", default=None, help="python with holistictraceanalysis installed (none: skip)")
-    p.add_argument("--hta-mb", type=float, default=40.0, help="total JSON of the subset HTA loads (MB)")
+    p.add_argument("--hta-python", default=None, help="python with HolisticTraceAnalysis installed (none: skip)")
+    p.add_argument("--hta-mb", type=float, default=200.0, help="total JSON of the 2-rank subset HTA loads (MB)")
     p.add_argument("--out", default="/tmp/megascope-import-memory", help="scratch folder (removed at the end)")
     args = p.parse_args()
     root = Path(args.out)
     shutil.rmtree(root, ignore_errors=True)
-    print(f"{args.ranks} ranks, megascope import --jobs {args.jobs}\n")
-    print("| set | input | wall (s) | MB/s (uncompressed) | events/s | peak RSS, all processes (MB) |")
-    print("|---|---|---|---|---|---|")
+    print(f"{args.ranks} ranks (even: JSON, odd: JSON.gz), megascope import --jobs {args.jobs}, {os.cpu_count()} "
+          f"cores\n")
+    print("| set (uncompressed) | on disk | generated in (s) | import wall (s) | MB/s | events/s "
+          "| peak RSS, all processes (MB) | load |")
+    print("|---|---|---|---|---|---|---|---|")
     try:
         for frac in sorted(float(f) for f in args.sizes.split(",")):
             folder = root / f"set-{frac:g}"
-            t0 = time.perf_counter()
-            events, mb = write_set(folder, args.gb * 1000 * frac, args.ranks)
-            print(f"<!-- generated {events:,} events, {mb:,.0f} MB in {time.perf_counter() - t0:.0f} s -->",
-                  file=sys.stderr)
-            for label in ("json", "gz"):
-                wall, rss = ours(folder / label, root / "run", args.jobs)
-                print(f"| {mb / 1000:.2f} GB | {'JSON' if label == 'json' else 'JSON.gz'} | {wall:.0f} | "
-                      f"{mb / wall:.1f} | {events / wall:,.0f} | {rss:,.0f} |", flush=True)
+            events, mb, gen_s = write_set(folder, args.gb * 1000 * frac, args.ranks)
+            disk = sum(f.stat().st_size for f in folder.iterdir()) / 1e9
+            wall, rss = ours(folder, root / "run", args.jobs)
+            print(f"| {mb / 1000:.2f} GB | {disk:.2f} GB | {gen_s:.0f} | {wall:.0f} | {mb / wall:.1f} | "
+                  f"{events / wall:,.0f} | {rss:,.0f} | {load()} |", flush=True)
             shutil.rmtree(folder)
         if args.hta_python:
-            folder = root / "hta-subset"
-            events, mb = write_set(folder, args.hta_mb, min(args.ranks, 2))
-            print(f"\nSubset for HTA: {min(args.ranks, 2)} ranks, {mb:.0f} MB JSON, {events:,} events\n")
-            print("| loader | input | wall (s) | MB/s | peak RSS, all processes (MB) |")
-            print("|---|---|---|---|---|")
-            for label in ("json", "gz"):
-                name = "JSON" if label == "json" else "JSON.gz"
-                wall, rss = ours(folder / label, root / "run", args.jobs)
-                print(f"| megascope import kineto | {name} | {wall:.1f} | {mb / wall:.1f} | {rss:,.0f} |", flush=True)
-                wall, rss = measure([args.hta_python, "-c", HTA, str(folder / label)])
-                print(f"| HTA TraceAnalysis | {name} | {wall:.1f} | {mb / wall:.1f} | {rss:,.0f} |", flush=True)
+            hta_subset(root / "hta-subset", args)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def hta_subset(folder: Path, args: argparse.Namespace) -> None:
+    events, mb, _ = write_set(folder, args.hta_mb, 2)
+    print(f"\nSubset both load: 2 ranks (rank 0 JSON, rank 1 JSON.gz), {mb:.0f} MB JSON, {events:,} events\n")
+    print("| loader | wall (s) | MB/s | peak RSS, all processes (MB) | load |")
+    print("|---|---|---|---|---|")
+    wall, rss = ours(folder, folder.parent / "run", args.jobs)
+    print(f"| megascope import kineto --jobs {args.jobs} | {wall:.1f} | {mb / wall:.1f} | {rss:,.0f} | {load()} |",
+          flush=True)
+    wall, rss = measure([args.hta_python, "-c", HTA, str(folder)])
+    print(f"| HTA TraceAnalysis(trace_dir) | {wall:.1f} | {mb / wall:.1f} | {rss:,.0f} | {load()} |", flush=True)
 
 
 if __name__ == "__main__":

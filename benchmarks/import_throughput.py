@@ -56,18 +56,21 @@ def _gpu(rows: list[str], gpu: list[str], t: float, corr: int, dur: float) -> No
 
 
 def generate(path: Path, target_mb: float, with_gpu: bool = False, rank: int = 0, world: int = 1) -> int:
-    """Write rank `rank`'s trace (of a data-parallel world of `world`) of about target_mb MB; returns the
-    number of events."""
+    """Write rank `rank`'s trace (of a data-parallel world of `world`) of about target_mb MB of JSON,
+    gzip-compressed on the fly when `path` ends in .gz; streams (one step in memory); returns the number
+    of events."""
     header = {"schemaVersion": 1, "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": world,
               "pg_config": [{"pg_name": "0", "pg_desc": "default_pg", "pg_size": world,
                              "ranks": list(range(world))}]},
               "baseTimeNanoseconds": 1790857026000000000, "displayTimeUnit": "ms"}
     n, ts, step = 0, 4_801_136_944_682.0, 0
-    with open(path, "w") as f:
-        f.write("{\n" + ",\n".join(f'  "{k}": {json.dumps(v)}' for k, v in header.items()) + ',\n  "traceEvents": [\n')
+    gz = str(path).endswith(".gz")
+    with (gzip.open(path, "wt", compresslevel=1) if gz else open(path, "w")) as f:
+        written = f.write("{\n" + ",\n".join(f'  "{k}": {json.dumps(v)}' for k, v in header.items())
+                          + ',\n  "traceEvents": [\n')
         first = True
         corr = 0
-        while f.tell() < target_mb * 1_000_000:
+        while written < target_mb * 1_000_000:
             rows, gpu, t = [], [], ts
             for _ in range(200):  # forward: an op with two nested children
                 rows += [_event("aten::linear", "cpu_op", t, 30, 1), _event("aten::t", "cpu_op", t + 1, 3, 1),
@@ -93,7 +96,7 @@ def generate(path: Path, target_mb: float, with_gpu: bool = False, rank: int = 0
             t += 410
             rows.append(_event(f"ProfilerStep#{step}", "user_annotation", ts, t - ts, 1))
             rows += gpu
-            f.write(("" if first else ",\n") + ",\n".join(rows))
+            written += f.write(("" if first else ",\n") + ",\n".join(rows))
             first = False
             n += len(rows)
             ts, step = t + 5, step + 1

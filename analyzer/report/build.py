@@ -56,9 +56,13 @@ def build_report(run: "Run", with_what_if: bool = True) -> dict:
 
 
 def _judged(run: "Run") -> int:
-    """Rank-steps with traced events: what the detectors had to judge (0: no verdict is possible)."""
-    rs = run.rank_steps()
-    return int((rs.n_events > 0).sum()) if len(rs) and "n_events" in rs else 0
+    """Rank-steps with traced events: what the detectors had to judge (0: no verdict is possible).
+    Counted in SQL: rank_steps() as a frame was 12.3 M rows at 12,288 ranks x 1,000 steps."""
+    run.derived.rank_step()
+    columns = set(run.store.query("SELECT column_name FROM (DESCRIBE rank_step)").column_name)
+    if "n_events" not in columns:
+        return 0
+    return int(run.store.query("SELECT count(*) FILTER (WHERE n_events > 0) AS n FROM rank_step").n.iloc[0])
 
 
 def _robustness(run: "Run") -> dict:

@@ -4,7 +4,7 @@ slower than its stage peers on every step. The trace comes from the independent 
 (samples/independent_gen.py: a 1F1B discrete-event replay written from the format, no analyzer code),
 sampled as NDTimeline samples (the other steps' rows dropped, their time still between the kept ones),
 and imported with the real `megascope import ndtimeline`. Verdicts must not depend on the numbering
-(the same rows renumbered 0..43 give the same findings) and victims downstream of the culprit, which
+(the same rows renumbered 0..43, or with ids 3-40 apart, give the same findings) and victims downstream of the culprit, which
 wait on its sends, must not be blamed, also when the job timed no p2p ops (their waits are then host
 gaps before compute)."""
 
@@ -14,6 +14,7 @@ import contextlib
 import io
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -59,6 +60,13 @@ def _renumbered(df: pd.DataFrame) -> pd.DataFrame:
     return df.assign(step=(df.step - OFFSET) // EVERY)
 
 
+def _irregular(df: pd.DataFrame) -> pd.DataFrame:
+    """The same rows with ids 3-40 apart (a sampler that skips unevenly, a gap, a resumed run's jump)."""
+    kept = sorted(df.step.unique())
+    ids = 100 + np.cumsum(np.random.default_rng(5).integers(3, 41, len(kept)))
+    return df.assign(step=df.step.map(dict(zip(kept, ids))))
+
+
 def _verdict(run: Run) -> list[tuple[str, list[int], int]]:
     return sorted((f.kind, sorted(f.ranks), round(100 * f.severity)) for f in run.findings())
 
@@ -70,9 +78,9 @@ def test_sampled_trace_names_the_culprit_alone_whatever_the_numbering(sampled, t
         df = df[~df.optype.str.contains("send|recv")]
     culprit = spec.rank(0, 0)
     runs = {name: _import(frame, spec, tmp_path / name)
-            for name, frame in (("sampled", df), ("renumbered", _renumbered(df)))}
+            for name, frame in (("sampled", df), ("renumbered", _renumbered(df)), ("irregular", _irregular(df)))}
     verdicts = {name: _verdict(run) for name, run in runs.items()}
-    assert verdicts["sampled"] == verdicts["renumbered"]
+    assert verdicts["sampled"] == verdicts["renumbered"] == verdicts["irregular"], verdicts
     blamed = [v for v in verdicts["sampled"] if v[0] in ("straggler", "late_launch")]
     assert [(k, r) for k, r, _ in blamed] == [("straggler", [culprit])], verdicts
     assert 2.0 <= blamed[0][2] / 100 <= 2.6  # its compute is 2.3-2.5x its stage peers'

@@ -45,6 +45,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
                         "run.json names no step count, or that hung")
     p.add_argument("--no-summary", action="store_true", help="do not extend the persisted rank-step summary "
                                                              "(the dashboard's heatmap) on each tick")
+    p.add_argument("--judge-cpu", type=float, default=0.5, metavar="SECONDS",
+                   help="CPU seconds per step of the job the detectors may take: the window is judged every step "
+                        "while a judgement costs at most this, every few steps past it (a 12,288-rank window "
+                        "takes seconds); new steps are read and summarized as they land either way")
     p.add_argument("--threads", type=positive_int, default=None, help="DuckDB threads, >= 1 (default: all cores)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                    help="change one detector setting, as `megascope analyze --set` takes it, e.g. "
@@ -56,6 +60,8 @@ def check_args(args: argparse.Namespace) -> str | None:
     """What is wrong with the options (one line), None when they are fine."""
     if args.poll <= 0:
         return f"--poll must be > 0 seconds, got {args.poll}"
+    if args.judge_cpu <= 0:
+        return f"--judge-cpu must be > 0 seconds, got {args.judge_cpu}"
     if args.idle_exit is not None and args.idle_exit <= 0:
         return f"--idle-exit must be > 0 seconds, got {args.idle_exit}"
     if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
@@ -117,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     cfg = WatchConfig(window=args.window, poll_s=args.poll, webhook=args.webhook, on_finding=args.on_finding,
                       metrics_port=args.metrics_port, idle_exit_s=args.idle_exit, summary=not args.no_summary,
-                      threads=args.threads, settings=settings_of(args.settings), bind=args.bind, token=token,
+                      threads=args.threads, judge_cpu_s=args.judge_cpu, settings=settings_of(args.settings),
+                      bind=args.bind, token=token,
                       follows=args.run_dir if follower is not None else None)
     try:
         watcher = Watcher(path, cfg)

@@ -53,7 +53,7 @@ from megascope.analyzer.watch.sinks import (
     run_command,
 )
 from megascope.analyzer.watch.tracker import Tracker, key_of
-from megascope.analyzer.watch.window import WindowResult, analyze_full, judge_window
+from megascope.analyzer.watch.window import LiveStore, WindowResult, analyze_full, judge_window
 from megascope.tracer import run_dir as rd
 
 MAX_RETRY_S = 60.0
@@ -128,6 +128,7 @@ class Watcher:
         self.lister = SegmentLister(self.path)
         self._pending: list[str] = []
         """Segments listed and not yet taken in by a tick."""
+        self._store: LiveStore | None = None
         self.server: WSGIServer | None = None  # /metrics, when metrics_port is set
         self.sinks: list[Any] = [StdoutSink(out), JsonlSink(self.cfg.findings_file or self.path / rd.FINDINGS_FILE)]
         if self.cfg.on_finding:
@@ -236,7 +237,7 @@ class Watcher:
         m.dropped.set(progress.dropped_events)
         m.finished.set(1 if progress.finished else 0)
         cfg = self.cfg  # one tick, one config: a change over HTTP takes effect from the next tick
-        rows.keep = cfg.window * (1 + LOOKBACK_WINDOWS)
+        rows.keep, rows.keep_collectives = cfg.window * (1 + LOOKBACK_WINDOWS), 2 * cfg.window
         step = rows.summarize(final=progress.finished)
         hang_changed = inflight != self.state.inflight
         if step is None or (step == self.state.analyzed_step and not hang_changed):
@@ -250,8 +251,9 @@ class Watcher:
             return
         cpu = time.process_time()
         first = self._first_step(step)
-        window = judge_window(self.path, rows, first, step, cfg.threads, cfg.settings, bool(inflight))
-        found = self._true_onsets(window.findings, first, step, bool(inflight))
+        store = self._live_store(bool(inflight))
+        window = judge_window(store, rows, first, step, cfg.settings)
+        found = self._true_onsets(store, window.findings, first, step)
         self.state.analyzed_step, self.state.inflight = step, inflight
         for change in self.tracker.update(found, step):
             self._send(change.event, change.finding, change.at_step)
@@ -282,7 +284,16 @@ class Watcher:
         last = self.state.analyzed_step
         return last is None or (step - last) * self.cfg.judge_cpu_s >= self.state.judge_cpu_s
 
-    def _true_onsets(self, found: list[Finding], first: int, step: int, hang_records: bool) -> list[Finding]:
+    def _live_store(self, hang_records: bool) -> LiveStore:
+        """The store the windows are judged on, made once (again when in-flight records come or go:
+        only a hang's report opens the events)."""
+        if self._store is None or self._store.with_events != hang_records:
+            if self._store is not None:
+                self._store.con.close()
+            self._store = LiveStore(self.path, threads=self.cfg.threads, events=hang_records)
+        return self._store
+
+    def _true_onsets(self, store: LiveStore, found: list[Finding], first: int, step: int) -> list[Finding]:
         """`found`, where a finding not open yet starts at the window's first step (it may have begun
         before): the same finding of the detectors over the kept summaries before the window, when they
         date it earlier (its summary then says so too)."""
@@ -291,7 +302,7 @@ class Watcher:
         clipped = [f for f in found if key_of(f) not in self.tracker.open and f.kind != "hang" and f.steps[0] <= first]
         if rows is None or kept is None or kept >= first or not clipped:
             return found
-        wider = judge_window(self.path, rows, kept, step, self.cfg.threads, self.cfg.settings, hang_records)
+        wider = judge_window(store, rows, kept, step, self.cfg.settings)
         earlier = {key_of(f): f for f in wider.findings}
         out = []
         for f in found:
@@ -344,6 +355,9 @@ class Watcher:
             sink.close()
         if self.follower is not None:
             self.follower.close()
+        if self._store is not None:
+            self._store.con.close()
+            self._store = None
         if self.server is not None:
             self.server.shutdown()
             self.server.server_close()
@@ -408,7 +422,8 @@ class Watcher:
             store = Store(self.path, threads=self.cfg.threads)
             self.run_id = str(store.manifest.get("run_id") or self.path.name)
             self.metrics = WatchMetrics(self.run_id)
-            self.follower = LiveRows(self.path, store.manifest, self.cfg.window * (1 + LOOKBACK_WINDOWS))
+            self.follower = LiveRows(self.path, store.manifest, self.cfg.window * (1 + LOOKBACK_WINDOWS),
+                                     2 * self.cfg.window)
         return self.follower
 
     def _all_sinks(self) -> list[Any]:

@@ -7,11 +7,12 @@ loop without the sleep blames nothing, and attached without model=/optimizer= it
 attach warns, and `analyze` says it has no verdict instead of "Findings: none".
 
 Margins: the sleep is at least 30 ms by construction, so every slowed step's gap is >= 30 ms whatever
-the load (measured 31-65 ms at load 2-10; rank 0's gap median 1.1 ms, spikes to 77 ms under load). Both
-ranks are pinned to one CPU, as in test_attach_samples.py (unpinned, a rank on the busier core of this
-shared box is really slower for stretches and gets named); late launches below LATE_NOISE on a clean run
-are host preemption there (test_attach_samples.py measured 1.03-1.18), while the sleeping rank's
-measured 2.8-3.3.
+the load. Measured on this shared 2-core box at load 8-12: 5 clean runs of this job gave no finding at all
+(the ranks' gap medians 0.8-2.6 ms, one step's at most 53 ms); 3 slowed runs named rank 1 `late_launch`
+on steps 10-59 exactly, severity 3.4-5.0, excess 29.5-33 ms. Both ranks are pinned to one CPU, as in
+test_attach_samples.py (unpinned, a rank on the busier core of this shared box is really slower for
+stretches and gets named); late launches below LATE_NOISE on a clean run are host preemption there
+(test_attach_samples.py measured 1.03-1.18) and are tolerated.
 """
 
 from __future__ import annotations

@@ -101,6 +101,8 @@ CASES = [
     Case("ddp-quota-r1", True, "quota", (), 1, {"share": 0.25}, job="ddp_loop"),
     Case("hf-stop-r1", True, "stop", (), 1, {"stop_ms": 15, "period_ms": 20}, job="hf_trainer"),
     Case("lightning-hog-r0", True, "hog", (), 0, {"cpu": 1}, job="lightning_loop"),
+    # added after the seven above were scored, before it was first run: held out
+    Case("fsdp2-stop-r1", True, "stop", (), 1, {"stop_ms": 20, "period_ms": 50}, job="fsdp2_loop"),
 ]
 ATTACHED_MODULES = {"hf_trainer": "transformers", "lightning_loop": "lightning"}
 """The optional extra (`megascope[attach]`) each attached sample needs."""

@@ -179,6 +179,10 @@ def trace_back(store: Store, findings: list[Finding], max_steps: int = 8) -> lis
         if src != rank and waited >= VICTIM_SHARE * excess and culprit is not None and culprit is not f:
             gone.add(id(f))
             culprit.evidence.setdefault("victims", []).append(rank)
+            if "cost_s" in f.evidence and "cost_s" in culprit.evidence:  # the victim's charge is the source's
+                culprit.evidence["cost_s"] = round(culprit.evidence["cost_s"] + f.evidence["cost_s"], 3)
+                culprit.evidence["lost_share"] = round(culprit.evidence.get("lost_share", 0.0)
+                                                       + f.evidence.get("lost_share", 0.0), 3)
     for f in findings:
         if f.evidence.get("victims") and id(f) not in gone:
             f.evidence["victims"] = sorted(f.evidence["victims"])

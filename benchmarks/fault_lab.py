@@ -1,7 +1,8 @@
 """The fault lab, the analyzer's accuracy suite of record: real `megascope train` jobs (tiny preset, CPU,
 gloo) with faults made from OUTSIDE the job's code (tests/outside_faults.py: SIGSTOP duty cycles, a
 cgroup v1 CPU quota, a CPU hog pinned beside a rank; tests/netns.py: two "hosts" as network
-namespaces joined through a bridge, a `tc tbf` rate limit on one host's link in episodes), then
+namespaces joined through a bridge, a `tc tbf` rate limit or short `ip link set down/up` cuts on one
+host's link in episodes), then
 `analyze`, scored against the ground truth the lab itself knows (which rank or link, from which wall
 clock time, mapped to steps).
 
@@ -10,8 +11,10 @@ clock time, mapped to steps).
 Prints one row per case: the fault, the expected verdict (a culprit rank, the host pair's link, or none),
 the verdict found (every rank blamed as straggler / late_launch, every link or host pair blamed as
 network_flap / slow_link), the time the fault really cost (the steps after its onset against the run's
-own median before it) beside the cost the finding states, the onset error, pass or fail; the tuned and
-the held-out parts are scored apart.
+own median before it) beside the cost the finding states, the onset error, the what-if error (the
+finding's what-if step time over the median step of the same job without the fault, its clean twin, run in
+the same invocation), pass or fail; the tuned and the held-out parts are scored apart, the load average
+printed beside them.
 
 Tuning discipline (decided before any detector was changed for it, issue 31): the TUNED cases are the
 ones a detector change may be looked at against (clean-a, stop-r1, tbf-pp). The HELD-OUT cases (clean-b,
@@ -23,7 +26,8 @@ not made. Their rates, ranks and layouts differ from the tuned ones on purpose.
 Attached third-party jobs (samples/ddp_loop.py, hf_trainer.py, lightning_loop.py under torchrun, traced
 by attach and its callbacks) under the same outside faults are cases too (docs/fault-lab.md): ddp-clean
 and ddp-sleep-r1 (a sleep before each step's first span, issue 31 item 4) tuned, the rest held out,
-decided before they were first run.
+decided before they were first run. cut-pp (short cuts of a host's link) and the two-host clean twins
+(clean-2h-pp, clean-2h-dp) were added after all of those were scored, held out before their first run.
 
 A pass: a rank fault names exactly its rank as the culprit and no link; a link fault names a link or
 host pair between the two hosts and no rank; a clean run blames nothing (stage or workload imbalance
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -42,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -51,10 +56,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from megascope.analyzer import Run  # noqa: E402
+from megascope.analyzer.detect.lost_time import attributed_what_if  # noqa: E402
 from tests import netns, outside_faults  # noqa: E402
 
 CULPRIT_KINDS = ("straggler", "late_launch", "hang")
 LINK_KINDS = ("network_flap", "slow_link")
+LINK_FAULTS = ("tbf", "cut")
 
 
 @dataclass(frozen=True)
@@ -62,7 +69,7 @@ class Case:
     name: str
     held_out: bool
     fault: str
-    """none | stop | quota | hog | tbf"""
+    """none | stop | quota | hog | sleep | tbf (a rate limit) | cut (`ip link set down`, then up)"""
     layout: tuple[str, ...]
     """--dp/--pp/--tp flags"""
     rank: int | None = None
@@ -77,7 +84,13 @@ class Case:
     def expected(self) -> str:
         if self.fault == "none":
             return "none"
-        return "link node0-node1" if self.fault == "tbf" else f"rank {self.rank}"
+        return "link node0-node1" if self.fault in LINK_FAULTS else f"rank {self.rank}"
+
+    @property
+    def twin_key(self) -> tuple:
+        """What a clean twin shares with this case: the same job, layout, hosts and seed (issue 31's
+        what-if error is against the same job without the fault)."""
+        return (self.job, self.layout, self.nodes, self.seed)
 
 
 DP2PP2 = ("--dp", "2", "--pp", "2")
@@ -91,6 +104,12 @@ CASES = [
     Case("hog-r0", True, "hog", DP2PP2, 0, {"cpu": 1}),
     Case("tbf-dp", True, "tbf", ("--dp", "2", "--tp", "2"), None,
          {"rate": "8mbit", "on_s": 2.0, "off_s": 6.0}, nodes=2),
+    # added 2026-11-27 23:20 UTC, held out, decided before either was first run: short cuts of node1's link
+    # (down at the switch, then up: 300, 500, 800 ms in turn, one every 4 s) in tbf-pp's job, and the
+    # clean twins the two-host cases' what-if is measured against (same layout and seed, no fault)
+    Case("cut-pp", True, "cut", DP2PP2, None, {"cuts_ms": (300, 500, 800), "every_s": 4.0}, nodes=2),
+    Case("clean-2h-pp", True, "none", DP2PP2, nodes=2),
+    Case("clean-2h-dp", True, "none", ("--dp", "2", "--tp", "2"), nodes=2),
     # attached third-party jobs (2 gloo ranks under torchrun, traced by attach or its callbacks); the part
     # was decided before any of them was run: the two ddp cases are what issue 31 item 4's change (host
     # time at a step's edges, d15bbe1) was looked at against; the rest are held out
@@ -115,7 +134,7 @@ def unavailable(case: Case) -> str | None:
     module = ATTACHED_MODULES.get(case.job)
     if module and importlib.util.find_spec(module) is None:
         return f"samples/{case.job}.py needs {module} (pip install 'megascope[attach]')"
-    if case.fault == "tbf":
+    if case.nodes > 1:
         return netns.unavailable()
     return outside_faults.unavailable(case.fault) if case.fault in ("quota", "hog") else None
 
@@ -231,8 +250,8 @@ def _workers(proc: subprocess.Popen) -> list[int]:
 
 def run_two_hosts(case: Case, run_dir: Path, steps: int, onset: float) -> list[tuple[float, float]]:
     """Node 0 and node 1 as network namespaces, one `megascope train --nnodes 2` each; from step
-    onset x steps on, node 1's link is rate-limited for on_s of every on_s + off_s."""
-    p = case.params
+    onset x steps on, node 1's link is faulted in episodes until the job ends: tbf, rate-limited for on_s of
+    every on_s + off_s; cut, down for each of cuts_ms in turn, one cut every every_s."""
     windows: list[tuple[float, float]] = []
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     logs: list = []  # stderr to files: a pipe nobody reads while the job runs would fill and stall it
@@ -246,21 +265,24 @@ def run_two_hosts(case: Case, run_dir: Path, steps: int, onset: float) -> list[t
             procs.append(host.popen(cmd, env=host.env(), stdout=subprocess.DEVNULL, stderr=logs[-1]))
         link = cluster.hosts[1]
         try:
-            while all(pr.poll() is None for pr in procs):
+            episodes = _link_episodes(case)
+            while all(pr.poll() is None for pr in procs) and case.fault != "none":
                 step = min((int(b.get("step") or 0) for b in _health(run_dir).get("ranks", {}).values()), default=0)
                 if step >= onset * steps:
+                    on_s, off_s = next(episodes)
                     t0 = time.time()
-                    link.limit(p["rate"])
-                    _wait_any(procs, p["on_s"])
-                    link.unlimit()
+                    link.limit(case.params["rate"]) if case.fault == "tbf" else link.cut()
+                    _wait_any(procs, on_s)
+                    link.unlimit() if case.fault == "tbf" else link.uncut()
                     windows.append((t0, time.time()))
-                    _wait_any(procs, p["off_s"])
+                    _wait_any(procs, off_s)
                 else:
                     time.sleep(0.1)
             for pr in procs:
                 pr.wait(timeout=600)
         finally:
             link.unlimit()
+            link.uncut()
             for pr in procs:
                 if pr.poll() is None:
                     pr.kill()
@@ -275,6 +297,14 @@ def run_two_hosts(case: Case, run_dir: Path, steps: int, onset: float) -> list[t
             i, rc, err = bad[0]
             raise RuntimeError(f"{case.name}: node {i} exited {rc}: {err}")
     return windows
+
+
+def _link_episodes(case: Case) -> Iterator[tuple[float, float]]:
+    """(seconds the link is faulted, seconds it then stays healthy), one episode after another."""
+    p = case.params
+    if case.fault == "cut":
+        return ((ms / 1e3, p["every_s"] - ms / 1e3) for ms in itertools.cycle(p["cuts_ms"]))
+    return itertools.repeat((p.get("on_s", 0.0), p.get("off_s", 0.0)))
 
 
 def _wait_any(procs: list[subprocess.Popen], seconds: float) -> None:
@@ -298,6 +328,12 @@ class Score:
     """steps between the first faulty step and the matching finding's first step"""
     fault_steps: tuple[int, int] | None = None
     other: list[str] = field(default_factory=list)
+    median_step_s: float | None = None
+    """the run's median step time (a clean twin's is what a faulty case's what-if is measured against)"""
+    what_if_step_s: float | None = None
+    """the matching finding's what-if step time without the fault (the report's what_if_step_time_s)"""
+    what_if_vs_clean: float | None = None
+    """what_if_step_s / the clean twin's median_step_s, both measured in the same lab run (1.0: exact)"""
 
 
 def score(case: Case, run_dir: Path, windows: list[tuple[float, float]]) -> Score:
@@ -305,7 +341,11 @@ def score(case: Case, run_dir: Path, windows: list[tuple[float, float]]) -> Scor
     rs = run.rank_steps()
     step_time = rs.groupby("step").step_time_s.median()
     start = rs.groupby("step").start_ns.min() / 1e9
-    faulty = sorted({int(s) for s, t in start.items() for a, b in windows if a <= t <= b})
+    end = rs.groupby("step").end_ns.max() / 1e9
+    if case.fault == "cut":  # a cut stalls the step in flight and no step starts until it is over: overlap
+        faulty = sorted({int(s) for s, t in start.items() for a, b in windows if t <= b and end[s] >= a})
+    else:
+        faulty = sorted({int(s) for s, t in start.items() for a, b in windows if a <= t <= b})
     findings = run.findings()
     blamed = {r: f for f in findings if f.kind in CULPRIT_KINDS for r in f.ranks}
     links = [f for f in findings if f.kind in LINK_KINDS]
@@ -314,13 +354,14 @@ def score(case: Case, run_dir: Path, windows: list[tuple[float, float]]) -> Scor
     other = [f"{f.kind} {f.ranks[:4]}" for f in findings if f.kind not in CULPRIT_KINDS + LINK_KINDS]
     if case.fault == "none":
         match, ok = [], not blamed and not links
-    elif case.fault == "tbf":
+    elif case.fault in LINK_FAULTS:
         match = [f for f in links if set(f.hosts) == {"node0", "node1"}]
         ok = bool(match) and not blamed
     else:
         match = [blamed[case.rank]] if case.rank in blamed else []
         ok = set(blamed) == {case.rank} and not links
-    out = Score(case.name, case.held_out, case.expected, "; ".join(found) or "none", ok, other=other)
+    out = Score(case.name, case.held_out, case.expected, "; ".join(found) or "none", ok, other=other,
+                median_step_s=round(float(step_time[step_time > 0].median()), 5))
     if faulty:
         base = float(step_time[step_time.index < faulty[0]].median())
         out.true_cost_s = round(float((step_time.loc[faulty[0]:faulty[-1]] - base).clip(lower=0).sum()), 2)
@@ -329,7 +370,24 @@ def score(case: Case, run_dir: Path, windows: list[tuple[float, float]]) -> Scor
             out.onset_error = int(min(f.steps[0] for f in match)) - faulty[0]
             stated = [f.evidence.get("cost_s") for f in match]
             out.stated_cost_s = round(sum(stated), 2) if all(c is not None for c in stated) else None
+    if match:  # what the report says the job would take without the culprit (analyzer/report/build.py)
+        culprit = max(match, key=lambda f: f.evidence.get("cost_s") or 0.0)
+        wi = (attributed_what_if(run.store, culprit) or run.what_if(culprit)) if culprit.kind != "hang" else {}
+        if wi.get("what_if_step_time_s") is not None:
+            out.what_if_step_s = round(float(wi["what_if_step_time_s"]), 5)
     return out
+
+
+def what_if_errors(cases: list[Case], scores: list[Score]) -> None:
+    """Fill what_if_vs_clean: each faulty case's what-if step time against the median step of its clean
+    twin (the same job, layout, hosts and seed without the fault) scored in the same lab run; left None
+    where no twin ran."""
+    by_name = {c.name: c for c in cases}
+    clean = {by_name[s.case].twin_key: s.median_step_s for s in scores if by_name[s.case].fault == "none"}
+    for s in scores:
+        twin = clean.get(by_name[s.case].twin_key)
+        if by_name[s.case].fault != "none" and twin and s.what_if_step_s is not None:
+            s.what_if_vs_clean = round(s.what_if_step_s / twin, 2)
 
 
 def run_case(case: Case, steps: int, onset: float, keep: Path | None, attached_steps: int = 300) -> Score:
@@ -352,15 +410,17 @@ def _fmt(x: object) -> str:
 
 
 def print_table(scores: list[Score]) -> None:
-    head = f"{'case':<9} {'part':<8} {'expected':<17} {'found':<44} {'cost s':>7} {'stated':>7} {'onset±':>6}  result"
+    head = (f"{'case':<11} {'part':<8} {'expected':<17} {'found':<44} {'cost s':>7} {'stated':>7} {'onset±':>6} "
+            f"{'what-if/clean':>13}  result")
     parts = (("tuned", [s for s in scores if not s.held_out]), ("held-out", [s for s in scores if s.held_out]))
     for part, rows in parts:
         if not rows:
             continue
         print(head)
         for s in rows:
-            print(f"{s.case:<9} {part:<8} {s.expected:<17} {s.found[:44]:<44} {_fmt(s.true_cost_s):>7} "
-                  f"{_fmt(s.stated_cost_s):>7} {_fmt(s.onset_error):>6}  {'pass' if s.passed else 'FAIL'}"
+            wi = "n/a" if s.expected != "none" and s.what_if_vs_clean is None else _fmt(s.what_if_vs_clean)
+            print(f"{s.case:<11} {part:<8} {s.expected:<17} {s.found[:44]:<44} {_fmt(s.true_cost_s):>7} "
+                  f"{_fmt(s.stated_cost_s):>7} {_fmt(s.onset_error):>6} {wi:>13}  {'pass' if s.passed else 'FAIL'}"
                   + (f"  (also: {', '.join(s.other)})" if s.other else ""))
         print(f"{part}: {sum(s.passed for s in rows)}/{len(rows)} pass\n")
 
@@ -415,7 +475,9 @@ def main() -> int:
             continue
         print(f"{case.name}: {s.found} ({'pass' if s.passed else 'FAIL'}, {time.time() - t0:.0f} s)", flush=True)
         scores.append(s)
+    what_if_errors(cases, scores)
     print()
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     print_table(scores)
     if args.json:
         args.json.write_text(json.dumps([asdict(s) for s in scores], indent=1))

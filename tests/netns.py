@@ -11,6 +11,7 @@
         node1.run(["curl", f"http://{node0.address}:8000/"], timeout=10)
         node1.limit("1mbit")              # tc tbf on node1's link, both directions
         node1.unlimit()
+        node1.cut(); node1.uncut()        # node1's link down at the switch (a pulled cable), then up
         node1.kill_all()                  # SIGKILL to every process in node1's namespace
     # every namespace, link and temporary file is gone here, also after an exception
 
@@ -183,6 +184,16 @@ class Host:
         """Remove the rate limit (no error when there is none)."""
         for ns, dev in ((self.netns, IFACE), (self.cluster.switch, self.switch_port)):
             subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"], capture_output=True)
+
+    def cut(self) -> None:
+        """Cut this host's link: its port on the switch goes down (`ip link set pN down`), as a cable
+        pulled at the switch. The host keeps its address and routes (its eth0 only loses carrier), so
+        TCP connections retransmit and ride out a short cut instead of failing at once."""
+        _ip("-n", self.cluster.switch, "link", "set", self.switch_port, "down")
+
+    def uncut(self) -> None:
+        """Restore the link after `cut` (no error when it is up)."""
+        _ip("-n", self.cluster.switch, "link", "set", self.switch_port, "up", check=False)
 
     def __repr__(self) -> str:
         return f"Host({self.name!r}, {self.address}, netns={self.netns!r})"

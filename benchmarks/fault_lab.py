@@ -364,7 +364,10 @@ def score(case: Case, run_dir: Path, windows: list[tuple[float, float]]) -> Scor
                 median_step_s=round(float(step_time[step_time > 0].median()), 5))
     if faulty:
         base = float(step_time[step_time.index < faulty[0]].median())
-        out.true_cost_s = round(float((step_time.loc[faulty[0]:faulty[-1]] - base).clip(lower=0).sum()), 2)
+        # a link cut's cost is its own steps' (cuts are short and far apart: the span from the first to the
+        # last would add every load spike between them); the other faults' is the span's, as first scored
+        lost = step_time.loc[faulty] if case.fault == "cut" else step_time.loc[faulty[0]:faulty[-1]]
+        out.true_cost_s = round(float((lost - base).clip(lower=0).sum()), 2)
         out.fault_steps = (faulty[0], faulty[-1])
         if match:
             out.onset_error = int(min(f.steps[0] for f in match)) - faulty[0]

@@ -14,6 +14,9 @@ failed (load 12-14: another rank blamed beside or instead of rank 1; load rising
 whose run was not kept). A judge of real timings that fails one run in two on a box other jobs load
 would make `make test` flaky, so both tests run only when asked: MEGASCOPE_FAULT_LAB=1 (on a quiet
 box); benchmarks/fault_lab.py is the suite of record either way.
+
+Two quick tests run always: cut-pp's fault (a host's link cut at the switch carries nothing, and a TCP
+stream rides the cut out, as gloo's must), and which clean twin a case's what-if error is measured against.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -78,3 +82,78 @@ def test_throttled_link_between_two_hosts_is_one_network_finding_and_no_rank(tmp
     (score,) = json.loads(out.read_text())
     assert score["passed"] and score["found"].startswith("link node0-node1 ("), proc.stdout
     assert score["stated_cost_s"] is not None and 0 < score["stated_cost_s"] <= 1.5 * score["true_cost_s"], score
+
+
+CUT_CLIENT = """
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], 29611), timeout=30)
+start = time.time()
+for _ in range(int(sys.argv[2])):
+    c.sendall(b"x" * 20000)
+    time.sleep(0.01)
+c.close()
+print(round(time.time() - start, 2))
+"""
+CUT_SERVER = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 29611))
+s.listen()
+c, _ = s.accept()
+n = 0
+while (d := c.recv(65536)):
+    n += len(d)
+print(n)
+"""
+PROBE = "import socket, sys; socket.create_connection((sys.argv[1], 29611), timeout=0.3)"
+
+
+def test_a_cut_link_carries_nothing_and_a_stream_rides_out_a_short_cut() -> None:
+    """cut-pp's fault (tests/netns.py Host.cut): while node1's switch port is down no new connection
+    reaches node0, and a TCP stream across the cut (as gloo's) resumes after it with every byte delivered."""
+    from tests import netns
+    why = netns.unavailable()
+    if why:
+        pytest.skip(why)
+    with netns.Cluster(2) as cluster:
+        node0, node1 = cluster.hosts
+        server = node0.popen([sys.executable, "-c", CUT_SERVER, node0.address], stdout=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 20
+        while node1.run([sys.executable, "-c", PROBE, node0.address], capture_output=True).returncode:
+            assert time.monotonic() < deadline, "the server in node0 never listened"
+            time.sleep(0.1)
+        server.wait(timeout=20)  # the probe was its one connection: start it again for the stream
+        server = node0.popen([sys.executable, "-c", CUT_SERVER, node0.address], stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)
+        client = node1.popen([sys.executable, "-c", CUT_CLIENT, node0.address, "150"], stdout=subprocess.PIPE,
+                             text=True)
+        time.sleep(0.3)
+        node1.cut()
+        try:
+            probe = node1.run([sys.executable, "-c", PROBE, node0.address], capture_output=True, text=True)
+            assert probe.returncode != 0, "a connection crossed a cut link"
+        finally:
+            node1.uncut()
+        out, _ = client.communicate(timeout=60)
+        assert client.returncode == 0, out
+        received, _ = server.communicate(timeout=60)
+        assert int(received) == 150 * 20000
+        state = subprocess.run(["ip", "-n", cluster.switch, "-o", "link", "show", node1.switch_port],
+                               capture_output=True, text=True, check=True).stdout
+        assert "state UP" in state or ",UP" in state, state
+
+
+def test_what_if_error_is_against_the_clean_twin_of_the_same_job_layout_hosts_and_seed() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fault_lab as lab
+    cases = {c.name: c for c in lab.CASES}
+    assert cases["clean-2h-pp"].twin_key == cases["cut-pp"].twin_key == cases["tbf-pp"].twin_key
+    assert cases["clean-2h-dp"].twin_key == cases["tbf-dp"].twin_key != cases["tbf-pp"].twin_key
+    assert cases["clean-a"].twin_key == cases["stop-r1"].twin_key != cases["clean-b"].twin_key
+    scores = [lab.Score("clean-2h-pp", True, "none", "none", True, median_step_s=0.08),
+              lab.Score("clean-b", True, "none", "none", True, median_step_s=0.05),
+              lab.Score("cut-pp", True, "link node0-node1", "x", True, what_if_step_s=0.1),
+              lab.Score("stop-r1", False, "rank 1", "x", True, what_if_step_s=0.07)]
+    lab.what_if_errors(list(cases.values()), scores)
+    assert [s.what_if_vs_clean for s in scores] == [None, None, 1.25, None]  # stop-r1's twin, clean-a, did not run

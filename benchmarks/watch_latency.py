@@ -11,8 +11,10 @@ the in-flight records landed named it. Clean runs count every finding as false.
     python benchmarks/watch_latency.py --cost-ranks 1024 [--cost-ranks 12288]
 
 Prints a Markdown table (docs/measurements.md's) and the seconds per tick with the load average next to it.
---cost-ranks: the cost of one tick (list segments, open the run, progress, the window's detectors)
-on a finished simulated run of that many ranks (tp=8, pp=2), wall and CPU seconds, and the peak RSS.
+--cost-ranks: the cost of a watcher's first tick on a finished simulated run of that many ranks (tp=8,
+pp=2): list the segments, read them all, summarize every step, judge the last window; wall and CPU
+seconds, and the peak RSS. What a watcher beside a growing run spends per step is
+benchmarks/watch_scale.py's.
 """
 
 from __future__ import annotations

@@ -312,3 +312,36 @@ def test_hang_is_announced_and_stays_open_when_the_run_goes_idle(tmp_path):
     # a hung run is not over: no 'end', the verdict is written and the hang stays open
     assert [r["event"] for r in watcher.records] == ["start", "final"]
     assert list(watcher.tracker.open) == [("hang", (5,))]
+
+
+def test_a_watcher_over_its_judging_budget_judges_less_often_and_the_rest_before_the_verdict(straggler_run, tmp_path):
+    """--judge-cpu: with a budget no judgement fits, the window is judged once at the first complete
+    step, the steps after it only when the run is over (before the verdict): nothing is lost, latency is."""
+    live = tmp_path / "live"
+    watcher = Watcher(live, WatchConfig(summary=False, judge_cpu_s=1e-9), log=lambda m: None)
+    follow(Feeder(straggler_run, live), watcher)
+    watcher.close()
+    assert watcher.state.ticks == 2 and watcher.state.summarized_step == watcher.state.analyzed_step == 19
+    assert [(r["event"], r["kind"], r["at_step"], r["steps"]) for r in watcher.records] == [
+        ("start", "straggler", 19, [ONSET, 19]), ("open_at_end", "straggler", 19, [ONSET, 19]),
+        ("final", "straggler", 19, [ONSET, 19])]
+
+
+def test_lister_finds_each_segment_once_in_write_order_and_odd_names(tmp_path):
+    folder = tmp_path / "steps" / "rank=00003"
+    folder.mkdir(parents=True)
+    lister = watch.SegmentLister(tmp_path, full_every_s=3600)
+
+    def land(*names: str) -> None:
+        for name in names:
+            (folder / name).write_bytes(b"")
+
+    land("seg-000000.parquet", "seg-000001.parquet", "seg-999999.parquet", ".seg-000002.parquet.tmp")
+    assert sorted(lister.new()) == [f"steps/rank=00003/{n}" for n in
+                                    ("seg-000000.parquet", "seg-000001.parquet", "seg-999999.parquet")]
+    assert lister.new() == []
+    land("seg-000002.parquet", "seg-000003.parquet")  # probed by name: the odd one is not read again
+    assert lister.new() == ["steps/rank=00003/seg-000002.parquet", "steps/rank=00003/seg-000003.parquet"]
+    land("other.parquet")  # not the tracer's name: found by the next whole listing
+    lister.full_every_s = 0
+    assert lister.new() == ["steps/rank=00003/other.parquet"] and lister.new() == []

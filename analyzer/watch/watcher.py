@@ -328,6 +328,9 @@ class Watcher:
         """The run is over: the full analysis's verdict (equal to `megascope analyze`). A finished run
         ends its open findings; a run that went idle (hung, or stopped short) leaves them open: a
         watcher restarted on it picks them up (findings.jsonl)."""
+        if self.follower is not None and self.state.summarized_step != self.state.analyzed_step:
+            self.state.judge_cpu_s = 0.0  # the steps --judge-cpu left unjudged: judged now, before the verdict
+            self.tick(self.state.inflight)
         progress = self.state.progress
         finished = progress is not None and progress.finished
         step = self.state.analyzed_step if self.state.analyzed_step is not None else -1

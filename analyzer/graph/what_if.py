@@ -1,7 +1,8 @@
 """What-if: the step time if a finding's culprit had behaved like its peers.
 
-Replays the step graph (program order with the recorded host gaps, p2p transfers starting when both
-sides posted, collectives completing at the last arrival; one longest-path pass in topological order,
+Replays the step graph (program order with the recorded host gaps, a rank's first one from its
+step's start, p2p transfers starting when both sides posted, collectives completing at the last
+arrival; one longest-path pass in topological order,
 a dependency cycle is reported as a bug and the what-if skipped) twice: as recorded, and with the
 culprit fixed: a straggler's net compute divided by its slowdown against its stage peers (its tp
 peers' spans that waited for it inside them fixed along), a stage's net compute set to the other
@@ -60,13 +61,13 @@ def replay(g: StepGraph, duration: np.ndarray, gap: np.ndarray, xfer: np.ndarray
     key = levels * 5 + role
     order = np.argsort(key, kind="stable")
     b = np.searchsorted(key[order], np.arange(5 * (int(levels.max()) + 1 if n else 0) + 1))
-    issue0 = g.events.issue_ns.to_numpy().astype(float)
-    issue, end = issue0.copy(), np.zeros(n)
+    anchor = _anchors(g)
+    issue, end = anchor.copy(), np.zeros(n)
     last = np.full(int(g.instance.max()) + 1 if is_coll.any() else 0, -np.inf)
     for lo in range(0, len(b) - 1, 5):
         i = order[b[lo]:b[lo + 5]]
         p = g.prev[i]
-        issue[i] = np.where(p >= 0, end[np.maximum(p, 0)] + gap[i], issue0[i])
+        issue[i] = np.where(p >= 0, end[np.maximum(p, 0)], anchor[i]) + gap[i]
         if g.dep_of is not None:  # an inferred input (no p2p rows): ready when both it and the rank are
             d = g.dep_of[i]
             has = d >= 0
@@ -86,11 +87,33 @@ def replay(g: StepGraph, duration: np.ndarray, gap: np.ndarray, xfer: np.ndarray
     return end
 
 
+def _anchors(g: StepGraph) -> np.ndarray:
+    """Where each rank's first event of the replay hangs from: the start of its step when the events
+    carry it (`step_start_ns`, _with_step_starts) and it is not after the event's issue, else the issue
+    itself. The host time from a step's start to its first span is a gap like any other, so a late
+    launch there (an attached job's code outside hooked spans: a rank sleeping 30 ms before its
+    forward) is cut by the fix; anchored at the issue it was fixed in place, and a step replayed alone
+    after a barrier kept the whole of it (what-if 0.7% where the sleep was ~60% of the step)."""
+    issue = g.events.issue_ns.to_numpy().astype(float)
+    if "step_start_ns" not in g.events:
+        return issue
+    start = g.events.step_start_ns.to_numpy().astype(float)
+    return np.where(np.isfinite(start) & (start <= issue), start, issue)
+
+
+def _with_step_starts(store: Store, ev: pd.DataFrame, first: int, last: int) -> pd.DataFrame:
+    """The events with their rank-step's start (steps.start_ns; NaN where the steps table has no row)."""
+    starts = store.query("SELECT rank, step, min(start_ns) AS step_start_ns FROM steps "
+                         "WHERE step BETWEEN $first AND $last GROUP BY rank, step",
+                         {"first": int(first), "last": int(last)})
+    return ev.merge(starts, on=["rank", "step"], how="left")
+
+
 def _inputs(g: StepGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     ev = g.events
     issue, start, end = (ev[c].to_numpy().astype(float) for c in ("issue_ns", "start_ns", "end_ns"))
     duration = end - start
-    gap = np.where(g.prev >= 0, np.maximum(issue - end[np.maximum(g.prev, 0)], 0), 0)
+    gap = np.where(g.prev >= 0, np.maximum(issue - end[np.maximum(g.prev, 0)], 0), issue - _anchors(g))
     if g.dep_of is not None:  # the gap after both the rank and its input were ready: the rest was a wait
         d = np.maximum(g.dep_of, 0)
         ready = np.maximum(np.where(g.prev >= 0, end[np.maximum(g.prev, 0)], -np.inf), end[d])
@@ -268,7 +291,7 @@ def _replay_step(store: Store, f: Finding, step: int, ranks: list[int] | None, c
     one: a job-wide sync the trace does not show) the ranks' waits for it are not their own time:
     this step is replayed alone from its recorded start, plus the recorded time from the previous
     step's end to that start (the two-step replay kept those waits and was 7.6% above the twin)."""
-    ev = events_window(store, step - 1, step, ranks, limit=1 << 40)
+    ev = _with_step_starts(store, events_window(store, step - 1, step, ranks, limit=1 << 40), step - 1, step)
     now_ev = ev.step == step
     if not now_ev.any():
         return None

@@ -1,42 +1,34 @@
 """Scale benchmark: a simulated 12,288-rank x 100-step trace analyzed end to end (`megascope analyze
---json`, what-if replays included) in a fresh process; prints wall time and peak RSS.
+--json`, what-if replays included) in a fresh process, beside a plain DuckDB scan of the same files
+(count and sum of one column of every events and steps segment, fresh process, all cores); prints wall
+time, CPU seconds, peak RSS and the ratio to the scan.
 
     python benchmarks/analyzer_scale.py [--dp 192 --tp 8 --pp 8 --steps 100] [--out /tmp/megascope-scale]
-                                        [--phases] [--engines]
+                                        [--phases] [--engines [--ray-workers 2]]
                                         [--edge [--edge-out /tmp/megascope-scale-edge] [--edge-steps 1000]
-                                                [--tile 10:29] [--rebuild-edge]]
+                                                [--edge-summarized] [--rebuild-edge]]
 
-Targets: under 60 s and 4 GB on the 2-core dev machine. The wall time depends on
-what else runs on the machine: the table gives the load average and the process's CPU seconds (user +
-sys, all threads) next to it. `--phases` also runs the same analysis through the Python API in a second
-fresh process, timing each phase (wall and CPU seconds): open, event pass, late arrivals, each detector,
-hang check, what-if replays, and the rest of the report. `--engines` also analyzes the run with
-`--engine ray` on a local Ray cluster started for it (`ray start --head` on 127.0.0.1) with 1 and then 2
-worker CPUs (one event-pass batch per task, one DuckDB thread per task), and compares the wall time,
-the driver's CPU seconds and peak RSS, and the findings with the local engine's (the workers' CPU is
-not the driver's: Ray runs them under its own daemon).
+Targets (issue 28): the 100-step raw analysis at most 3x its plain scan; the 1,000-step edge case under
+30 s and 3 GB. The wall time depends on what else runs on the 2-core machine: the tables give the load
+average and each process's CPU seconds (user + sys, all threads) next to it; compare ratios from one run.
+`--phases` also runs each analysis through the Python API in a second fresh process, timing each phase
+(wall and CPU seconds): open, event pass, late arrivals, each detector, hang check, what-if replays, and
+the rest of the report.
 
-`--edge` adds the summaries-at-the-edge cases (issue 18's target: 12,288 ranks x 1,000 steps in under 60 s
-and 4 GB), built once under --edge-out and reused while its build.json matches (--rebuild-edge: again):
-  summarized/  run.json and the events, steps, gpu and kernels folders of --out hardlinked (cp -al, no
-               data copied), then tracer.edge_summary.summarize_run (the timeline pass, 256 ranks a
-               batch): the edge tables of every rank-step, as the ranks' tracers would have written them;
-  tiled/       summarized/ hardlinked, then extended to --edge-steps steps: the real steps keep their
-               events (the findings and the what-if windows lie there); the steps after them have no
-               events, only copies of the --tile stretch of the edge_rank_step, edge_peer_step,
-               edge_collectives and steps rows (default 10-29: before the late launch (from 30) and
-               the straggler (from 40); it holds two flaps of the p2p link 777-2313, down in steps
-               10-12 and 20-22, which recur every 10 steps, so the copies keep the flap's period and
-               phase through the last step): steps renumbered, start_ns/end_ns shifted by one global
-               offset per tile (collective members stay aligned; at a tile boundary a rank may get some
-               ms between two steps, the spread of the ranks' step starts, never an overlap),
-               collective seq + 1,000,000 per tile; one more segment per rank and table
-               (ParquetSegmentSink: numbering continues): two per rank and table, as the tracer
-               writes its summaries (tracer/edge_summary.py SEGMENT_STEPS: one segment per 1,000
-               steps and one at close).
-It prints the build times, the edge tables' rows and size on disk, `megascope analyze --json` on the raw
-run, on summarized/ and on tiled/ side by side (findings compared with the raw run's verdict by verdict;
-the reports are kept as --edge-out/report-*.json), and with --phases the phase table of each.
+`--edge` adds the summaries-at-the-edge case: a --edge-steps job of the same layout written by
+samples/edge_gen.py (a streaming generator of the tables each rank's tracer would write: edge_rank_step,
+edge_peer_step, edge_collectives and steps, 256 ranks a batch; its faults at known ranks and steps:
+a 1.3x straggler on rank 1000 from step 400, a 60 ms late launch on rank 5000 every 2nd step from 300,
+the p2p link 777-2313 10 ms slower per transfer on 3 of every 10 steps from step 100), built once under
+--edge-out/generated and reused while generated.json matches; the table says whether the verdict names
+each fault from its onset, and the scan is of its three edge tables. `--edge-summarized` also analyzes
+the raw run summarized post hoc (tracer.edge_summary.summarize_run, built once: minutes), its verdict
+compared with the raw run's. `--engines` compares `--engine ray` on a local Ray cluster started for it
+(`ray start --head` on 127.0.0.1, --ray-workers worker CPUs; one batch of ranks per task, one DuckDB
+thread per task) with the local engine, on the generated case with --edge (each task reads its batch's
+summaries) or else on the raw run (each task its batch's events): wall time, the driver's CPU seconds
+and peak RSS, and the findings against the local engine's (the workers' CPU is not the driver's: Ray
+runs them under its own daemon).
 """
 
 from __future__ import annotations
@@ -44,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import secrets
 import shutil
@@ -110,9 +101,9 @@ def _rounded(value):
     return value
 
 
-def engines(out: Path) -> list[tuple[str, str, str, str, str]]:
+def engines(out: Path, workers_tried: list[int]) -> list[tuple[str, str, str, str, str]]:
     """Rows (engine, wall s, driver CPU s, driver peak RSS MiB, findings vs local) for the local engine
-    and Ray with 1 and 2 worker CPUs on a local cluster (127.0.0.1)."""
+    and Ray with each of `workers_tried` worker CPUs on a local cluster (127.0.0.1)."""
     ray = str(Path(sys.executable).parent / "ray")
     if not Path(ray).exists():
         return [("ray", "-", "-", "-", "Ray is not installed (pip install 'megascope[ray]')")]
@@ -123,7 +114,7 @@ def engines(out: Path) -> list[tuple[str, str, str, str, str]]:
     if local is None:
         raise SystemExit(err)
     rows = [("local (DuckDB, all cores)", f"{wall:.1f}", f"{cpu:.1f}", f"{rss:,.0f}", "-")]
-    for workers in (1, 2):
+    for workers in workers_tried:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
@@ -185,12 +176,6 @@ def phases(run_dir: str) -> dict[str, tuple[float, float]]:
 # ---- summaries at the edge: the 12,288 x 100 run summarized, then tiled to 1,000 steps -------------------
 
 EDGE_TABLES = ("edge_rank_step", "edge_peer_step", "edge_collectives")
-TILE_WRITE_ORDER = ("edge_peer_step", "edge_collectives", "steps", "edge_rank_step")
-"""edge_rank_step last, as the tracer writes it (its rows say a rank-step's summary is complete)."""
-SEQ_PER_TILE = 1_000_000
-"""Added to a tiled collective's `seq` per tile: above any real seq, so (group, instance, seq) stays unique."""
-TILE_BATCH_RANKS = 512
-"""Ranks per tiling batch (~8 M edge_collectives rows in memory)."""
 
 
 def _say(message: str) -> None:
@@ -225,119 +210,88 @@ def _table_stats(run: Path, tables: tuple[str, ...]) -> dict[str, tuple[int, int
     return out
 
 
-def _tile_shifts(run: Path, lo: int, hi: int, last: int) -> tuple[int, int]:
-    """(shift of the first tile, tile period) in ns, global (every rank shifted alike, so collective
-    members stay aligned): the first tile's step lo starts where the real run's step `last` ended, and
-    each tile starts where the previous one's stretch ended; the largest over ranks, so no rank's
-    steps overlap (a rank's steps may have a few ms between them at a tile boundary instead)."""
-    import duckdb
-    con = duckdb.connect()
-    files = [str(f) for f in run.glob("steps/rank=*/*.parquet")]
-    first, period = con.execute(
-        "SELECT max(e_last - s_lo), max(s_hi - s_lo) FROM (SELECT rank, "
-        "min(start_ns) FILTER (WHERE step = $lo) AS s_lo, min(start_ns) FILTER (WHERE step = $hi + 1) AS s_hi, "
-        "max(end_ns) FILTER (WHERE step = $last) AS e_last FROM read_parquet($files, hive_partitioning=false) "
-        "WHERE step IN ($lo, $hi + 1, $last) GROUP BY rank)", {"lo": lo, "hi": hi, "last": last, "files": files}
-    ).fetchone()
-    con.close()
-    return int(first), int(period)
-
-
-def tile(run: Path, lo: int, hi: int, total_steps: int, progress=None) -> dict[str, int]:
-    """Extend `run` (with edge tables covering steps 0..last) to `total_steps` steps: copies of the
-    stretch lo..hi of the edge tables' and the steps table's rows, steps renumbered from last + 1,
-    times shifted (_tile_shifts), collective seq + SEQ_PER_TILE per tile; one extra segment per rank
-    and table (tracer/sink.py ParquetSegmentSink, numbering continues). Returns rows written per table."""
-    import duckdb
-    import numpy as np
-    import pyarrow.compute as pc
-
-    from megascope.tracer.schema import TABLES
-    from megascope.tracer.sink import ParquetSegmentSink
-
-    con = duckdb.connect()
-    last = con.execute("SELECT max(step) FROM read_parquet($f, hive_partitioning=false)",
-                       {"f": [str(f) for f in run.glob("edge_rank_step/rank=*/*.parquet")]}).fetchall()[0][0]
-    span = hi - lo + 1
-    n_tiles = -(-(total_steps - last - 1) // span)
-    shift0, period = _tile_shifts(run, lo, hi, last)
-    ranks = _ranks(run)
-    written = dict.fromkeys(TILE_WRITE_ORDER, 0)
-    params = {"lo": lo, "hi": hi, "tiles": n_tiles, "first": last + 1, "span": span, "total": total_steps,
-              "shift0": shift0, "period": period, "seq_tile": SEQ_PER_TILE}
-    quote = '"'
-    exprs = {"step": "s.step - $lo + $first + t.k * $span",
-             "start_ns": "s.start_ns + $shift0 + t.k * $period", "end_ns": "s.end_ns + $shift0 + t.k * $period",
-             "seq": "s.seq + (t.k + 1) * $seq_tile"}
-    for begin in range(0, len(ranks), TILE_BATCH_RANKS):
-        batch = ranks[begin:begin + TILE_BATCH_RANKS]
-        sinks = {r: ParquetSegmentSink(run, r) for r in batch}
-        for table in TILE_WRITE_ORDER:
-            schema = TABLES[table]
-            files = [str(f) for r in batch for f in sorted((run / table / f"rank={r:05d}").glob("seg-*.parquet"))]
-            cols = ", ".join(f'{exprs.get(f.name, f"s.{quote}{f.name}{quote}")} AS "{f.name}"' for f in schema)
-            order = {"edge_collectives": "rank, step, start_ns", "edge_peer_step": "rank, step, peer"}.get(
-                table, "rank, step")
-            sql = (f"SELECT {cols} FROM read_parquet($files, hive_partitioning=false) s, "
-                   "(SELECT range AS k FROM range($tiles)) t WHERE s.step BETWEEN $lo AND $hi "
-                   f"AND s.step - $lo + $first + t.k * $span < $total ORDER BY {order}")
-            bound = {**params, "files": files}
-            rows = con.sql(sql, params={k: bound[k] for k in set(re.findall(r"\$(\w+)", sql))}).to_arrow_table()
-            rows = rows.cast(schema)
-            if table == "edge_collectives" and rows.num_rows:
-                assert pc.max(rows["seq"]).as_py() < (n_tiles + 1) * SEQ_PER_TILE
-            bounds = np.searchsorted(rows["rank"].to_numpy(), np.asarray(batch + [1 << 30]), side="left")
-            for i, rank in enumerate(batch):
-                part = rows.slice(int(bounds[i]), int(bounds[i + 1] - bounds[i]))
-                if part.num_rows:
-                    sinks[rank].write(table, part)
-            written[table] += rows.num_rows
-        if progress is not None:
-            progress(min(begin + TILE_BATCH_RANKS, len(ranks)), len(ranks))
-    con.close()
-    return {**written, "tiles": n_tiles, "shift0_ns": shift0, "period_ns": period, "last_real_step": last}
-
-
-def build_edge(src: Path, out: Path, total_steps: int, lo: int, hi: int, rebuild: bool) -> dict:
-    """The edge cases, built once: out/summarized (src's events and steps hardlinked, then summarize_run;
-    out/summarized.json, written when done, keeps it through a rebuild of the tiles) and out/tiled
-    (summarized hardlinked, then tiled to `total_steps`; out/build.json, written last). A stage without
-    its file (an interrupted build) is built again."""
+def build_summarized(src: Path, out: Path, rebuild: bool) -> dict:
+    """out/summarized: src's events and steps hardlinked, then summarize_run (out/summarized.json,
+    written when done, marks it built)."""
     from megascope.tracer.edge_summary import summarize_run
 
-    marker, first = out / "build.json", out / "summarized.json"
+    marker, short = out / "summarized.json", out / "summarized"
     if marker.exists() and not rebuild:
-        info = json.loads(marker.read_text())
-        if info["total_steps"] == total_steps and info["stretch"] == [lo, hi]:
-            return info
-    short, long = out / "summarized", out / "tiled"
-    if rebuild or not first.exists():
-        shutil.rmtree(out, ignore_errors=True)
-        t = time.perf_counter()
-        _link_copy(src, short, ("events", "steps", "gpu", "kernels"))
-        link_s = time.perf_counter() - t
-        t, c = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-        n = summarize_run(short, batch_ranks=256, progress=lambda d, n_: _say(
-            f"  summarize_run: {d:,}/{n_:,} ranks, {time.perf_counter() - t:,.0f} s"))
-        c2 = resource.getrusage(resource.RUSAGE_SELF)
-        base = {"ranks": n, "link_s": round(link_s, 1), "summarize_s": round(time.perf_counter() - t, 1),
-                "summarize_cpu_s": round((c2.ru_utime + c2.ru_stime) - (c.ru_utime + c.ru_stime), 1),
-                "stats": {"summarized": _table_stats(short, EDGE_TABLES)}}
-        first.write_text(json.dumps(base, indent=2))
-        _say(f"  summarize_run: {n:,} ranks in {base['summarize_s']:,.0f} s")
-    base = json.loads(first.read_text())
+        return json.loads(marker.read_text())
+    shutil.rmtree(short, ignore_errors=True)
     marker.unlink(missing_ok=True)
-    shutil.rmtree(long, ignore_errors=True)
-    _link_copy(short, long, ("events", "steps", "gpu", "kernels", *EDGE_TABLES))
+    t = time.perf_counter()
+    _link_copy(src, short, ("events", "steps", "gpu", "kernels"))
+    link_s = time.perf_counter() - t
     t, c = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
-    tiled = tile(long, lo, hi, total_steps, lambda d, n_: _say(
-        f"  tiling: {d:,}/{n_:,} ranks, {time.perf_counter() - t:,.0f} s"))
+    n = summarize_run(short, batch_ranks=256, progress=lambda d, n_: _say(
+        f"  summarize_run: {d:,}/{n_:,} ranks, {time.perf_counter() - t:,.0f} s"))
     c2 = resource.getrusage(resource.RUSAGE_SELF)
-    info = {**base, "total_steps": total_steps, "stretch": [lo, hi], "tile_s": round(time.perf_counter() - t, 1),
-            "tile_cpu_s": round((c2.ru_utime + c2.ru_stime) - (c.ru_utime + c.ru_stime), 1), "tiled": tiled}
-    info["stats"]["tiled"] = _table_stats(long, (*EDGE_TABLES, "steps"))
+    info = {"ranks": n, "link_s": round(link_s, 1), "build_s": round(time.perf_counter() - t, 1),
+            "build_cpu_s": round((c2.ru_utime + c2.ru_stime) - (c.ru_utime + c.ru_stime), 1),
+            "stats": _table_stats(short, (*EDGE_TABLES, "steps"))}
     marker.write_text(json.dumps(info, indent=2))
     return info
+
+
+def build_generated(out: Path, dp: int, tp: int, pp: int, steps: int, rebuild: bool) -> dict:
+    """out/generated: samples/edge_gen.py's job (its default faults) written straight as summaries at
+    the edge; out/generated.json (written when done) keeps it while the layout and steps match."""
+    from megascope.samples.edge_gen import EdgeGenConfig, generate
+
+    marker, run = out / "generated.json", out / "generated"
+    cfg = EdgeGenConfig(dp=dp, tp=tp, pp=pp, steps=steps)
+    key = {"dp": dp, "tp": tp, "pp": pp, "steps": steps}
+    if marker.exists() and not rebuild:
+        info = json.loads(marker.read_text())
+        if info["config"] == key:
+            return info
+    shutil.rmtree(run, ignore_errors=True)
+    marker.unlink(missing_ok=True)
+    t, c = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    generate(run, cfg, progress=lambda what, i, n: _say(f"  edge_gen {what}: {i}/{n} batches, "
+                                                         f"{time.perf_counter() - t:,.0f} s"))
+    c2 = resource.getrusage(resource.RUSAGE_SELF)
+    info = {"config": key, "build_s": round(time.perf_counter() - t, 1),
+            "build_cpu_s": round((c2.ru_utime + c2.ru_stime) - (c.ru_utime + c.ru_stime), 1),
+            "faults": [{"kind": f.kind, "ranks": f.ranks, "first": f.first} for f in cfg.faults],
+            "stats": _table_stats(run, (*EDGE_TABLES, "steps"))}
+    marker.write_text(json.dumps(info, indent=2))
+    return info
+
+
+_SCAN = {"events": "count(*), sum(end_ns - start_ns)", "steps": "count(*), sum(end_ns - start_ns)",
+         "edge_rank_step": "count(*), sum(step_time_s)",
+         "edge_peer_step": "count(*), sum(recv_ns)", "edge_collectives": "count(*), sum(end_ns - start_ns)"}
+"""What the plain scan computes per table: a count and a sum over one column, every file read."""
+
+
+def plain_scan(run: Path, tables: tuple[str, ...]) -> tuple[float, float]:
+    """(wall s, CPU s) of a plain DuckDB scan of `tables`' files (count and sum of one column each) in a
+    fresh process, all cores: the floor an analysis reading the same files is measured against."""
+    code = ("import duckdb, sys; con = duckdb.connect(); con.execute('SET enable_progress_bar=false'); "
+            "[con.sql(f\"SELECT {q} FROM read_parquet('{sys.argv[1]}/{t}/rank=*/*.parquet', "
+            "hive_partitioning=false)\").fetchall() for t, q in zip(sys.argv[2::2], sys.argv[3::2])]")
+    args = [a for t in tables for a in (t, _SCAN[t])]
+    before = _cpu_children()
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code, str(run), *args], check=True)
+    return time.perf_counter() - t, _cpu_children() - before
+
+
+def _truth(rep: dict | None, faults: list[dict]) -> str:
+    """Whether each injected fault is named: a finding of its kind on its rank(s) from its first step."""
+    if rep is None:
+        return "analyze failed"
+    kinds = {"straggler": "straggler", "late_launch": "late_launch", "flap": "network_flap"}
+    said = []
+    for f in faults:
+        hit = [g for g in rep["findings"] if g["kind"] == kinds[f["kind"]] and set(f["ranks"]) <= set(g["ranks"])]
+        onset = hit[0]["steps"][0] if hit else None
+        said.append(f"{f['kind']} {f['ranks']}@{f['first']}: " + ("missed" if not hit else f"named from step {onset}"))
+    extra = len(rep["findings"]) - sum(1 for f in faults for g in rep["findings"]
+                                       if g["kind"] == kinds[f["kind"]] and set(f["ranks"]) <= set(g["ranks"]))
+    return "; ".join(said) + f"; {extra} other finding(s)"
 
 
 def _phases_child(run: Path) -> dict[str, tuple[float, float]]:
@@ -373,48 +327,59 @@ def _versus(findings: list[dict], raw: list[dict]) -> str:
     return "same" if not diffs else "same verdicts; values differ: " + "; ".join(diffs)
 
 
-def edge_cases(args: argparse.Namespace, raw: tuple) -> None:
-    """Build (once) and analyze the edge-summary cases; print them beside the raw 100-step case."""
-    lo, hi = (int(x) for x in args.tile.split(":"))
-    info = build_edge(Path(args.out), Path(args.edge_out), args.edge_steps, lo, hi, args.rebuild_edge)
-    short, long = Path(args.edge_out) / "summarized", Path(args.edge_out) / "tiled"
-    tiled = info["tiled"]
-    real = tiled["last_real_step"] + 1
-    print(f"\nEdge-summary build ({info['ranks']:,} ranks; cached in {args.edge_out}, build.json):\n")
-    print("| stage | wall (s) | CPU (s) |\n|---|---|---|")
-    print(f"| hardlinked copy of the raw run (cp -al) | {info['link_s']:.1f} | |")
-    print(f"| summarize_run (timeline pass, 256 ranks a batch) | {info['summarize_s']:,.1f} | "
-          f"{info['summarize_cpu_s']:,.1f} |")
-    print(f"| tiling: steps {tiled['last_real_step'] + 1}-{args.edge_steps - 1} = {tiled['tiles']} copies of steps "
-          f"{lo}-{hi} | {info['tile_s']:,.1f} | {info['tile_cpu_s']:,.1f} |")
-    print(f"\n| table | rows, {real} steps | on disk | rows, {args.edge_steps:,} steps | on disk | files |")
-    print("|---|---|---|---|---|---|")
-    for table in (*EDGE_TABLES, "steps"):
-        a = info["stats"]["summarized"].get(table)
-        b = info["stats"]["tiled"][table]
-        first = f"{a[0]:,} | {a[1] / 2**20:,.1f} MiB" if a else "(raw run's) | "
-        print(f"| {table} | {first} | {b[0]:,} | {b[1] / 2**20:,.1f} MiB | {b[2]:,} |")
-    cases = [(f"raw events, {real} steps", Path(args.out), raw)]
-    for label, run in ((f"edge tables, {real} steps", short), (f"edge tables, {args.edge_steps:,} steps", long)):
-        load = os.getloadavg()[0]
-        wall, cpu, rss, rep, err = _analyze(run, [])
-        if rep is None:
-            _say(f"analyze {run} failed:\n{err[-3000:]}")
-        cases.append((label, run, (wall, cpu, rss, rep, max(load, os.getloadavg()[0]))))
-    raw_findings = raw[3]["findings"] if raw[3] else []
-    print("\nEnd to end (`megascope analyze --json`, fresh process, no persisted summary; "
-          "target < 60 s, < 4,096 MiB):\n")
-    print("| case | wall (s) | CPU (s) | peak RSS (MiB) | load avg | findings | vs raw |")
-    print("|---|---|---|---|---|---|---|")
-    for label, _, (wall, cpu, rss, rep, load) in cases:
-        same = "-" if label.startswith("raw") else "failed" if rep is None else \
-            _versus(rep["findings"], raw_findings)
-        if rep is not None:  # kept for a closer look (the findings' evidence)
-            (Path(args.edge_out) / f"report-{label.split()[0]}-{label.split()[-2].replace(',', '')}.json").write_text(
-                json.dumps(rep, indent=1))
-        print(f"| {label} | {wall:.1f} | {cpu:.1f} | {rss:,.0f} | {load:.1f} | {_findings(rep)} | {same} |")
+def _case(label: str, run: Path, scan_tables: tuple[str, ...], extra: list[str] | None = None) -> dict:
+    """One analysis (fresh process) and the plain scan of the files it reads, with the load around them."""
+    load = os.getloadavg()[0]
+    wall, cpu, rss, rep, err = _analyze(run, extra or [])
+    if rep is None:
+        _say(f"analyze {run} failed:\n{err[-3000:]}")
+    scan_wall, scan_cpu = plain_scan(run, scan_tables)
+    return {"label": label, "run": run, "wall": wall, "cpu": cpu, "rss": rss, "report": rep,
+            "scan": (scan_wall, scan_cpu), "load": max(load, os.getloadavg()[0])}
+
+
+def _print_cases(cases: list[dict], raw_findings: list[dict] | None, faults: list[dict] | None) -> None:
+    print("| case | wall (s) | CPU (s) | peak RSS (MiB) | plain scan wall / CPU (s) | wall / scan | load avg "
+          "| findings |")
+    print("|---|---|---|---|---|---|---|---|")
+    for c in cases:
+        rep = c["report"]
+        if c["label"].startswith("generated"):
+            said = _truth(rep, faults or [])
+        elif c["label"].startswith("summarized") and raw_findings is not None:
+            said = f"{_findings(rep)} (vs raw: {'failed' if rep is None else _versus(rep['findings'], raw_findings)})"
+        else:
+            said = _findings(rep)
+        sw, sc = c["scan"]
+        print(f"| {c['label']} | {c['wall']:.1f} | {c['cpu']:.1f} | {c['rss']:,.0f} | {sw:.1f} / {sc:.1f} | "
+              f"**{c['wall'] / sw:.1f}x** | {c['load']:.1f} | {said} |")
+
+
+def edge_cases(args: argparse.Namespace, raw: dict) -> None:
+    """The summaries-at-the-edge cases beside the raw one: the raw run summarized (--edge-summarized)
+    and the generated --edge-steps job; with --phases the phase table of each."""
+    out = Path(args.edge_out)
+    cases, raw_findings = [raw], raw["report"]["findings"] if raw["report"] else None
+    if args.edge_summarized:
+        info = build_summarized(Path(args.out), out, args.rebuild_edge)
+        print(f"\nsummarized/ (summarize_run of the raw run): {info['build_s']:,.1f} s, "
+              f"{info['build_cpu_s']:,.1f} CPU s")
+        cases.append(_case(f"summarized edge tables, {args.steps} steps", out / "summarized", EDGE_TABLES))
+    gen = build_generated(out, args.dp, args.tp, args.pp, args.edge_steps, args.rebuild_edge)
+    print(f"\ngenerated/ (samples/edge_gen.py, {args.dp * args.tp * args.pp:,} ranks x {args.edge_steps:,} steps; "
+          f"cached in {out}): {gen['build_s']:,.1f} s, {gen['build_cpu_s']:,.1f} CPU s to write\n")
+    print("| table | rows | on disk | files |\n|---|---|---|---|")
+    for table, (rows, size, files) in gen["stats"].items():
+        print(f"| {table} | {rows:,} | {size / 2**20:,.1f} MiB | {files:,} |")
+    cases.append(_case(f"generated edge tables, {args.edge_steps:,} steps", out / "generated", EDGE_TABLES))
+    for c in cases[1:]:
+        if c["report"] is not None:  # kept for a closer look (the findings' evidence)
+            (out / f"report-{c['run'].name}.json").write_text(json.dumps(c["report"], indent=1))
+    print("\nEnd to end (`megascope analyze --json`, fresh process, no persisted summary; targets: raw 100 steps "
+          "<= 3x its plain scan; generated 1,000 steps < 30 s and < 3,072 MiB):\n")
+    _print_cases(cases, raw_findings, gen["faults"])
     if args.phases:
-        results = [(label, _phases_child(run)) for label, run, _ in cases]
+        results = [(c["label"], _phases_child(c["run"])) for c in cases]
         names = list(dict.fromkeys(k for _, r in results for k in r))
         print("\nPhases (Python API, fresh process each; wall / CPU s):\n")
         print("| phase | " + " | ".join(label for label, _ in results) + " |\n|---" * 1 + "|---" * len(results) + "|")
@@ -436,12 +401,16 @@ def main() -> int:
     ap.add_argument("--regenerate", action="store_true")
     ap.add_argument("--phases", action="store_true", help="also time each phase (a second analysis)")
     ap.add_argument("--engines", action="store_true",
-                    help="also compare the local engine with --engine ray on 1 and 2 worker CPUs")
+                    help="also compare the local engine with --engine ray on a local Ray cluster (on the "
+                         "generated case with --edge, else on the raw run)")
+    ap.add_argument("--ray-workers", default="2", help="worker CPUs of each Ray cluster tried, comma-separated "
+                    "(default 2)")
     ap.add_argument("--edge", action="store_true",
-                    help="also build (once) and analyze the summaries-at-the-edge cases (100 and --edge-steps steps)")
+                    help="also build (once) and analyze the generated --edge-steps job (samples/edge_gen.py)")
+    ap.add_argument("--edge-summarized", action="store_true",
+                    help="with --edge: also the raw run summarized post hoc (summarize_run, built once: minutes)")
     ap.add_argument("--edge-out", default="/tmp/megascope-scale-edge")
     ap.add_argument("--edge-steps", type=int, default=1000)
-    ap.add_argument("--tile", default="10:29", help="the stretch of real steps copied past the last one (lo:hi)")
     ap.add_argument("--rebuild-edge", action="store_true", help="build the edge cases again even when cached")
     ap.add_argument("--child-phases", metavar="RUN", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -463,21 +432,19 @@ def main() -> int:
         gen_s = time.perf_counter() - t
     n_events = _events(out)
     disk = sum(f.stat().st_size for f in out.rglob("*.parquet"))
-    load = os.getloadavg()[0]
-    wall, cpu, peak_mb, rep, err = _analyze(out, [])
-    load = max(load, os.getloadavg()[0])
-    if rep is None:
-        print(err, file=sys.stderr)
+    raw = _case(f"raw events, {args.steps} steps", out, ("events", "steps"))
+    if raw["report"] is None:
         return 1
     rows = [("layout", f"dp={args.dp} tp={args.tp} pp={args.pp} ({world} ranks) x {args.steps} steps"),
             ("events", f"{n_events:,} ({disk / 2**20:,.0f} MiB of Parquet)"),
             ("simulate (s)", f"{gen_s:.1f}" if gen_s == gen_s else "cached"),
-            ("analyze wall (s)", f"{wall:.1f}  (target < 60)"),
-            ("analyze CPU (s)", f"{cpu:.1f}  (user + sys, all threads)"),
-            ("load average (1 min, max of start/end)", f"{load:.1f} on {os.cpu_count()} cores"),
-            ("analyze peak RSS (MiB)", f"{peak_mb:,.0f}  (target < 4096)"),
-            ("findings", _findings(rep)),
-            ("cores", str(os.cpu_count()))]
+            ("analyze wall (s)", f"{raw['wall']:.1f}"),
+            ("analyze CPU (s)", f"{raw['cpu']:.1f}  (user + sys, all threads)"),
+            ("plain DuckDB scan of events + steps, wall / CPU (s)", f"{raw['scan'][0]:.1f} / {raw['scan'][1]:.1f}"),
+            ("analyze / scan (wall)", f"{raw['wall'] / raw['scan'][0]:.1f}x  (target <= 3x)"),
+            ("load average (1 min, max of start/end)", f"{raw['load']:.1f} on {os.cpu_count()} cores"),
+            ("analyze peak RSS (MiB)", f"{raw['rss']:,.0f}"),
+            ("findings", _findings(raw["report"]))]
     width = max(len(k) for k, _ in rows)
     print("| metric | value |\n|---|---|")
     for k, v in rows:
@@ -491,12 +458,13 @@ def main() -> int:
         for name, (w, c) in result.items():
             print(f"| {name} | {w:,.1f} | {c:,.1f} |" if "MiB" not in name else f"| {name} | {w:,.0f} | |")
     if args.edge:
-        edge_cases(args, (wall, cpu, peak_mb, rep, load))
+        edge_cases(args, raw)
     if args.engines:
+        run = Path(args.edge_out) / "generated" if args.edge else out
         load = os.getloadavg()[0]
-        rows = engines(out)
+        rows = engines(run, [int(w) for w in args.ray_workers.split(",")])
         load = max(load, os.getloadavg()[0])
-        print("\nEngines (`megascope analyze --json`, fresh processes, no persisted summary; "
+        print(f"\nEngines on {run} (`megascope analyze --json`, fresh processes, no persisted summary; "
               f"load average {load:.1f}):\n")
         print("| engine | wall (s) | driver CPU (s) | driver peak RSS (MiB) | findings vs local |")
         print("|---|---|---|---|---|")

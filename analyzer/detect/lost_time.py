@@ -299,7 +299,15 @@ class LostTimeDetector:
         # by 0.05-0.08 s alike on every rank (gloo's transport spinning on the 2 shared cores); at 8mbit
         # (tbf-pp) the waits carried ~0.43 of the 0.44 s lost and compute held.
         bad = (unexplained >= self.cfg.net_min_share * base) & (waits >= own) & (waits >= 0.3 * unexplained)
-        return [(a, b) for a, b, n in runs(np.flatnonzero(bad).tolist(), max_gap=1) if n >= self.cfg.net_min_steps]
+        eps = [(a, b) for a, b, n in runs(np.flatnonzero(bad).tolist(), max_gap=1)]
+        # an episode is a few steps long, or one step the network stretched many times over: when a step
+        # takes longer than the throttle's on-time (tbf on a dp-crossing job: 0.23 -> 1.6-2.6 s in a 2 s
+        # window) or a link is cut for under a second, the episode is one step; those come and go, so
+        # at least two of them
+        spikes = [(a, b) for a, b in eps if b - a + 1 < self.cfg.net_min_steps
+                  and unexplained[a:b + 1].max() >= self.cfg.net_spike_share * base]
+        long = [(a, b) for a, b in eps if b - a + 1 >= self.cfg.net_min_steps]
+        return sorted(long + (spikes if len(spikes) >= 2 else []))
 
     def _network(self, store: Store, m: dict[str, pd.DataFrame], topo: pd.DataFrame, att: Attribution,
                  eps: list[tuple[int, int]]) -> list[Finding]:

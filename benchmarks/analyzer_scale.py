@@ -34,6 +34,7 @@ runs them under its own daemon).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import resource
@@ -145,6 +146,7 @@ def phases(run_dir: str) -> dict[str, tuple[float, float]]:
     out: dict[str, list[float]] = {}
 
     def timed(name: str, fn):
+        @functools.wraps(fn)  # the signature too: the findings pipeline reads what a detector takes
         def wrapper(*a, **k):
             w, c = time.perf_counter(), cpu()
             try:

@@ -1,8 +1,9 @@
 """The facade notebooks, the CLI and the dashboard use: `Run.open(path)` and one method per question.
 
 Each analysis lives in its own module; detectors are injectable (`Run.open(path, detectors=[...])`,
-anything with `detect(store) -> list[Finding]`); the default ones take their thresholds from
-`settings` (settings.py: `megascope analyze --set`). Derived tables (rank_step, collective_instances,
+anything with `detect(ctx: DetectContext) -> list[Finding]`, or the older `detect(store)`), run after
+the hang check; the default ones take their thresholds from `settings` (settings.py: `megascope analyze
+--set`), and all of them the run's DetectContext (detect/context.py). Derived tables (rank_step, collective_instances,
 late_arrivals, the persisted summary) are built once, lazily, in DuckDB, by one step (data/derive.py)
 that each question asks for what it needs.
 """
@@ -19,9 +20,10 @@ from megascope.analyzer.data.derive import DerivedTables
 from megascope.analyzer.data.event_pass import Engine
 from megascope.analyzer.data.store import Store, load_sql
 from megascope.analyzer.data.summary_cache import SummaryState
-from megascope.analyzer.detect.diagnose import Detector, Progress, diagnose
+from megascope.analyzer.detect.context import DetectContext
+from megascope.analyzer.detect.diagnose import Detector, Progress, StoreDetector, diagnose
 from megascope.analyzer.detect.flaps import FlapDetector
-from megascope.analyzer.detect.hangs import HangReport, find_hang
+from megascope.analyzer.detect.hangs import HangDetector, HangReport
 from megascope.analyzer.detect.lost_time import LostTimeDetector
 from megascope.analyzer.detect.stragglers import StragglerDetector
 from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
@@ -40,29 +42,30 @@ from megascope.tracer.run_dir import FINDINGS_FILE
 
 
 def default_detectors(settings: DetectSettings) -> list[Detector]:
-    """Stragglers (and late launches, stage imbalance), flaps and slow links, workload imbalance."""
-    return [StragglerDetector(settings.straggler, settings.warmup_factor),
-            FlapDetector(settings.flap, settings.warmup_factor),
-            WorkloadImbalanceDetector(settings.workload_imbalance, settings.warmup_factor)]
+    """Stragglers (and late launches, stage imbalance), flaps and slow links, workload imbalance (which
+    reads the straggler detector's grid: after it)."""
+    return [StragglerDetector(settings.straggler), FlapDetector(settings.flap),
+            WorkloadImbalanceDetector(settings.workload_imbalance)]
 
 
 class Run:
-    def __init__(self, store: Store, detectors: Sequence[Detector] | None = None,
+    def __init__(self, store: Store, detectors: Sequence[Detector | StoreDetector] | None = None,
                  progress: Progress | None = None, engine: Engine | None = None,
                  settings: AnalyzerSettings | None = None) -> None:
         self.store = store
         self.settings = settings or AnalyzerSettings()
-        self.detectors: list[Detector] = list(detectors) if detectors is not None else \
-            [*default_detectors(self.settings.detect),  # the attribution last: it settles
-             LostTimeDetector(self.settings.detect.lost_time, self.settings.detect.warmup_factor)]
+        self.context = DetectContext(store, self.settings.detect.warmup_factor)
+        """What the detectors are given and leave for the later steps (the attribution, the hang)."""
+        self.detectors: list[Detector | StoreDetector] = [HangDetector(), *detectors] if detectors is not None else \
+            [HangDetector(), *default_detectors(self.settings.detect),  # the attribution last: it settles
+             LostTimeDetector(self.settings.detect.lost_time)]
         self.progress = progress or (lambda label, done, total: None)
         self.derived = DerivedTables(store, self.progress, engine)
         """The derived tables, built on demand (engine: where the event pass's batches run)."""
         self._findings: list[Finding] | None = None
-        self._hang: HangReport | None | bool = False
 
     @classmethod
-    def open(cls, path: str | Path, detectors: Sequence[Detector] | None = None,
+    def open(cls, path: str | Path, detectors: Sequence[Detector | StoreDetector] | None = None,
              progress: Progress | None = None, threads: int | None = None, engine: Engine | None = None,
              settings: AnalyzerSettings | None = None) -> "Run":
         """Open a run directory: a local path, or a URL of a run on object storage (s3://bucket/prefix),
@@ -192,7 +195,7 @@ class Run:
         if self._findings is not None:
             return self._findings
         self.derived.late_arrivals()
-        self._findings = diagnose(self.store, self.detectors, self.hang(), self.progress)
+        self._findings = diagnose(self.context, self.detectors, self.progress)
         return self._findings
 
     def incomplete_data(self) -> list[dict[str, Any]]:
@@ -211,9 +214,8 @@ class Run:
                  "segment": str(r.segment)} for r in ranges.itertuples()]
 
     def hang(self) -> HangReport | None:
-        if self._hang is False:
-            self._hang = find_hang(self.store)
-        return self._hang  # type: ignore[return-value]
+        """The hang the in-flight records show (None: none), found once for this and the findings."""
+        return self.context.hang()
 
     def what_if(self, finding: Finding) -> dict:
         """Step time if the culprit behaved like its peers, and the throughput lost to the finding."""

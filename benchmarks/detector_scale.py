@@ -72,7 +72,7 @@ def main() -> int:
         prof = cProfile.Profile() if args.cprofile else None
         if prof:
             prof.enable()
-        found = det.detect(run.store)
+        found = det.detect(run.context)
         if prof:
             prof.disable()
             pstats.Stats(prof).sort_stats("cumulative").print_stats(30)

@@ -81,6 +81,38 @@ def test_hang_suspects(simulated_run):
     assert run.findings()[0].kind == "hang"
 
 
+def test_injected_detectors_either_form_after_the_hang_check(simulated_run):
+    """Run.open(path, detectors=[...]) takes detect(ctx: DetectContext) and the older detect(store); the
+    hang check runs first either way, and its report is the one Run.hang() gives."""
+    from megascope.analyzer.data.store import Store
+    from megascope.analyzer.detect.context import DetectContext
+    from megascope.analyzer.detect.stragglers import StragglerDetector
+    from megascope.analyzer.findings import Finding
+
+    seen: list[object] = []
+
+    class OldForm:
+        def detect(self, store):  # unannotated: the store, as before DetectContext
+            seen.append(store)
+            return [Finding("straggler", [3], [], (5, 6), 1.5, "rank 3 is slow", {})]
+
+    class NewForm:
+        def detect(self, ctx: DetectContext) -> list[Finding]:
+            seen.append(ctx)
+            return []
+
+    path = simulated_run(**LAYOUT, seed=0, inject=["hang:rank=19,at=12"])
+    run = Run.open(path, detectors=[OldForm(), NewForm()])
+    found = run.findings()
+    assert isinstance(seen[0], Store) and seen[1] is run.context
+    assert [(f.kind, f.ranks) for f in found] == [("hang", [19]), ("straggler", [3])]
+    assert run.hang() is run.context.hang() and run.hang().suspects == [19]
+    # the straggler detector's grid is left in the context for the workload imbalance detector
+    run = Run.open(path, detectors=[StragglerDetector()])
+    run.findings()
+    assert run.context.peer_grid is not None and set(run.context.peer_grid.values) == {"step_time_s", "work_s"}
+
+
 def test_what_if_recovers_lost_time(simulated_run):
     run = analyze(simulated_run, "straggler:rank=5,slowdown=0.3,from=5")
     (f,) = run.findings()

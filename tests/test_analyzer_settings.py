@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from megascope.analyzer.run import default_detectors
+from megascope.analyzer.run import Run, default_detectors
 from megascope.analyzer.settings import AnalyzerSettings, SettingsError, apply_set, settings_dict
 from megascope.trainer.config_docs import analyzer_markdown
 
@@ -35,14 +35,17 @@ def test_every_setting_is_documented_and_settable():
     assert settings_dict(settings)["detect"]["straggler"]["min_ratio"] == 2.06
 
 
-def test_default_detectors_use_the_settings():
+def test_default_detectors_use_the_settings(simulated_run):
     settings = AnalyzerSettings()
     apply_set(settings, "detect.warmup_factor=3")
     apply_set(settings, "detect.flap.flag_ratio=1.5")
     straggler, flap, workload = default_detectors(settings.detect)
     assert straggler.cfg is settings.detect.straggler and flap.cfg.flag_ratio == 1.5
     assert workload.cfg is settings.detect.workload_imbalance
-    assert {d.warmup_factor for d in (straggler, flap, workload)} == {3.0}
+    run = Run.open(simulated_run(steps=4), settings=settings)  # the warm-up factor: one, in their context
+    assert run.context.warmup_factor == 3.0
+    assert type(run.detectors[0]).__name__ == "HangDetector"
+    assert run.detectors[-1].cfg is settings.detect.lost_time  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("item, needle", [

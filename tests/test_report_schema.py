@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from megascope.analyzer import Run, build_report
+from megascope.analyzer.detect.context import DetectContext
 from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
 from megascope.analyzer.findings import KINDS
 from megascope.analyzer.report.build import SCHEMA_VERSION, json_safe
@@ -99,7 +100,7 @@ def test_workload_imbalance_finding_validates():
         def arrow(self, sql, params=None):
             return self.con.sql(sql, params=params or {}).to_arrow_table()
 
-    (finding,) = WorkloadImbalanceDetector().detect(Store())
+    (finding,) = WorkloadImbalanceDetector().detect(DetectContext(Store()))
     finding_schema = {**SCHEMA, "$ref": "#/$defs/finding"}
     for key in ("type", "required", "additionalProperties", "properties"):
         finding_schema.pop(key)

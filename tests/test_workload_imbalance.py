@@ -8,7 +8,8 @@ import pandas as pd
 import pytest
 
 from megascope.analyzer.data.store import Store
-from megascope.analyzer.detect.peer_stats import HANDED_COLUMNS, load_grid, take_grid
+from megascope.analyzer.detect.context import DetectContext
+from megascope.analyzer.detect.peer_stats import PEER_GRID_COLUMNS, load_grid
 from megascope.analyzer.detect.stragglers import StragglerDetector
 from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
 
@@ -51,7 +52,7 @@ def put(stores, df: pd.DataFrame) -> Store:
 
 
 def detect(stores, df: pd.DataFrame) -> list:
-    return WorkloadImbalanceDetector().detect(put(stores, df))
+    return WorkloadImbalanceDetector().detect(DetectContext(put(stores, df)))
 
 
 def test_random_replica_factor_is_found(stores):
@@ -87,22 +88,23 @@ def test_one_rank_per_replica_abstains(stores):
     assert detect(stores, table(lambda step, d: factors[step, d], pp=1, tp=1)) == []
 
 
-def test_the_straggler_detectors_grid_is_taken_once_and_only_for_the_same_rows(stores):
+def test_the_straggler_detectors_grid_is_taken_once(stores):
     df = table(lambda step, d: float(np.exp(np.random.default_rng(step * 10 + d).normal(0, 0.12))))
     df = df.assign(gap_s=0.001, own_s=df.forward_s + df.backward_s, gap_p2p_s=0.0)  # the straggler's columns
     store = put(stores, df)
-    alone = WorkloadImbalanceDetector().detect(store)
+    alone = WorkloadImbalanceDetector().detect(DetectContext(store))
     assert [f.kind for f in alone] == ["workload_imbalance"]
-    StragglerDetector().detect(store)  # hands its step_time_s and work_s over
-    fresh = load_grid(store, HANDED_COLUMNS)
-    handed = take_grid(store, 2.0)
-    assert handed is not None and take_grid(store, 2.0) is None  # once
+    ctx = DetectContext(store)
+    StragglerDetector().detect(ctx)  # leaves its step_time_s and work_s in the context
+    fresh = load_grid(store, PEER_GRID_COLUMNS)
+    handed = ctx.take_peer_grid()
+    assert handed is not None and ctx.take_peer_grid() is None  # once
     for name in ("ranks", "steps", "present", "pp", "dp", "tp", "host"):
         np.testing.assert_array_equal(getattr(handed, name), getattr(fresh, name))
-    for column in HANDED_COLUMNS:
+    assert set(handed.values) == set(PEER_GRID_COLUMNS) and not handed.derived
+    for column in PEER_GRID_COLUMNS:
         np.testing.assert_array_equal(handed[column], fresh[column])
-    StragglerDetector().detect(store)
-    assert WorkloadImbalanceDetector().detect(store) == alone  # through the hand-over: the same finding
-    StragglerDetector().detect(store)
-    put(stores, df.assign(step_time_s=0.6))  # rank_step replaced after the straggler detector ran
-    assert take_grid(store, 2.0) is None
+    StragglerDetector().detect(ctx)
+    assert ctx.peer_grid is not None
+    assert WorkloadImbalanceDetector().detect(ctx) == alone  # through the context: the same finding
+    assert ctx.peer_grid is None  # taken

@@ -1,47 +1,58 @@
-"""From the detectors to the run's findings, one way: each detector reads the store (its derived tables
-already built), the lost-time attribution settles the others' findings (victims and trifles go), a rank
-whose late arrivals were waits on a pipeline neighbour is traced back to it (trace_back.py), findings
-another finding explains are dropped, a hang leads, the culprits get their collective-arrival evidence,
-and the findings are sorted by kind, then severity. Run.findings calls it; nothing here reaches back
-into Run."""
+"""From the detectors to the run's findings, one way: each detector is given the run's DetectContext
+(context.py: the store, its derived tables already built, the settings' warm-up factor, and what one
+detector leaves for a later step), the hang check first; the lost-time attribution the context then holds
+settles the others' findings (victims and trifles go), a rank whose late arrivals were waits on a
+pipeline neighbour is traced back to it (trace_back.py), findings another finding explains are dropped,
+the culprits get their collective-arrival evidence, and the findings are sorted by kind (a hang leads),
+then severity. Run.findings calls it; nothing here reaches back into Run."""
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Sequence
 from typing import Protocol
 
 from megascope.analyzer.data.event_pass import Progress
 from megascope.analyzer.data.store import DETECT_MEMORY_LIMIT, Store
+from megascope.analyzer.detect.context import DetectContext
 from megascope.analyzer.detect.explain import drop_explained
-from megascope.analyzer.detect.hangs import HangReport
-from megascope.analyzer.detect.lost_time import LostTimeDetector, settle
+from megascope.analyzer.detect.lost_time import settle
 from megascope.analyzer.detect.trace_back import trace_back
 from megascope.analyzer.findings import CULPRIT_KINDS, SEVERITY_ORDER, Finding
 
 
 class Detector(Protocol):
+    def detect(self, ctx: DetectContext) -> list[Finding]: ...
+
+
+class StoreDetector(Protocol):
+    """The older form, still taken: `detect(store)` (any detector whose detect does not declare a
+    DetectContext parameter is given ctx.store)."""
+
     def detect(self, store: Store) -> list[Finding]: ...
 
 
-def diagnose(store: Store, detectors: Sequence[Detector], hang: HangReport | None,
-             progress: Progress) -> list[Finding]:
+def diagnose(ctx: DetectContext, detectors: Sequence[Detector | StoreDetector], progress: Progress) -> list[Finding]:
     """The run's findings, most urgent first (findings.KINDS order, then severity)."""
     out: list[Finding] = []
     total = len(detectors) + 1
-    with store.memory_limited(DETECT_MEMORY_LIMIT):
+    with ctx.store.memory_limited(DETECT_MEMORY_LIMIT):
         for i, det in enumerate(detectors):
             progress("detecting", i + 1, total)
-            out += det.detect(store)
-    for det in detectors:  # blame follows the lost time: victims and trifles go, culprits get a cost
-        if isinstance(det, LostTimeDetector):
-            out = settle(out, det.attribution, det.cfg)
-    out = trace_back(store, out)  # a rank that waited on a pipeline neighbour's sends is its victim
-    out = drop_explained(out, store.topology)
-    if hang is not None:
-        out.insert(0, hang.to_finding(store.topology, len(store.topology)))
-    add_arrival_evidence(store, out)
+            out += det.detect(ctx) if takes_context(det) else det.detect(ctx.store)  # type: ignore[arg-type]
+    out = settle(out, ctx.attribution)  # blame follows the lost time: victims and trifles go, culprits get a cost
+    out = trace_back(ctx.store, out)  # a rank that waited on a pipeline neighbour's sends is its victim
+    out = drop_explained(out, ctx.topology)
+    add_arrival_evidence(ctx.store, out)
     progress("detecting", total, total)
     return sorted(out, key=lambda f: (SEVERITY_ORDER.get(f.kind, len(SEVERITY_ORDER)), -f.severity))
+
+
+def takes_context(det: Detector | StoreDetector) -> bool:
+    """Whether `det.detect`'s first parameter is declared a DetectContext (by the class or its name, as
+    `from __future__ import annotations` leaves it)."""
+    params = list(inspect.signature(det.detect).parameters.values())
+    return bool(params) and params[0].annotation in (DetectContext, "DetectContext")
 
 
 def add_arrival_evidence(store: Store, findings: list[Finding]) -> None:

@@ -31,6 +31,7 @@ import pandas as pd
 from megascope.analyzer.data.event_pass import has_wait_spans
 from megascope.analyzer.data.group_instances import group_members
 from megascope.analyzer.data.store import Store, load_sql
+from megascope.analyzer.detect.context import DetectContext
 from megascope.analyzer.detect.episodes import runs
 from megascope.analyzer.detect.peer_stats import (
     leave_one_out_median,
@@ -39,18 +40,18 @@ from megascope.analyzer.detect.peer_stats import (
     warmup_steps,
 )
 from megascope.analyzer.findings import Finding, Kind, hosts_of, rank_list
-from megascope.analyzer.settings import WARMUP_FACTOR, FlapConfig
+from megascope.analyzer.settings import FlapConfig
 
 
 class FlapDetector:
-    def __init__(self, config: FlapConfig | None = None, warmup_factor: float = WARMUP_FACTOR) -> None:
+    def __init__(self, config: FlapConfig | None = None) -> None:
         self.cfg = config or FlapConfig()
-        self.warmup_factor = warmup_factor
 
-    def detect(self, store: Store) -> list[Finding]:
+    def detect(self, ctx: DetectContext) -> list[Finding]:
+        store = ctx.store
         bounds = store.query("SELECT step, min(start_ns) AS start_ns, max(end_ns) AS end_ns, "
                              "median(step_time_s) AS step_time_s FROM rank_step GROUP BY step")
-        warm = sorted(int(s) for s in warmup_steps(bounds, self.warmup_factor)) if len(bounds) else []
+        warm = sorted(int(s) for s in warmup_steps(bounds, ctx.warmup_factor)) if len(bounds) else []
         bounds = bounds[~bounds.step.isin(warm)].set_index("step")
         n_steps = len(bounds)
         if n_steps == 0:

@@ -15,10 +15,14 @@ import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from megascope.analyzer.data.store import Store
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
 from megascope.tracer import run_dir as rd
+
+if TYPE_CHECKING:  # context.py imports this module (find_hang)
+    from megascope.analyzer.detect.context import DetectContext
 
 
 @dataclass
@@ -78,6 +82,15 @@ def _waits_on(rec: dict, records: dict[int, dict]) -> list[int]:
         if not same_op:
             out.append(peer)
     return out
+
+
+class HangDetector:
+    """The hang as a finding (the context's report, found once): Run puts it first in its detectors,
+    default or injected, and the finding leads the run's findings (findings.KINDS order)."""
+
+    def detect(self, ctx: DetectContext) -> list[Finding]:
+        hang = ctx.hang()
+        return [] if hang is None else [hang.to_finding(ctx.topology, len(ctx.topology))]
 
 
 def find_hang(store: Store) -> HangReport | None:

@@ -31,11 +31,12 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer.data.store import Store
+from megascope.analyzer.detect.context import DetectContext
 from megascope.analyzer.detect.episodes import runs
 from megascope.analyzer.detect.peer_stats import warmup_from_medians
 from megascope.analyzer.detect.stragglers import DATA_WORK_SHARE
 from megascope.analyzer.findings import Finding, Kind, hosts_of
-from megascope.analyzer.settings import WARMUP_FACTOR, LostTimeConfig
+from megascope.analyzer.settings import LostTimeConfig
 
 COLUMNS = ("rank, step, step_time_s, greatest(step_time_s - recv_s - collective_s, 0) AS own_s, "
            "forward_s + backward_s AS work_s, recv_s, collective_s")
@@ -86,16 +87,19 @@ class Attribution:
     network: np.ndarray | None = None
     """seconds per step charged to the network between hosts (its episodes' steps)"""
     baseline_s: float = 0.0
+    cfg: LostTimeConfig = field(default_factory=LostTimeConfig)
+    """the thresholds it was made with, which settle applies"""
 
 
 class LostTimeDetector:
-    def __init__(self, config: LostTimeConfig | None = None, warmup_factor: float = WARMUP_FACTOR) -> None:
+    def __init__(self, config: LostTimeConfig | None = None) -> None:
         self.cfg = config or LostTimeConfig()
-        self.warmup_factor = warmup_factor
-        self.attribution: Attribution | None = None
 
-    def detect(self, store: Store) -> list[Finding]:
-        m, topo = _matrices(store, self.warmup_factor)
+    def detect(self, ctx: DetectContext) -> list[Finding]:
+        """Its findings; the attribution (with this detector's thresholds) goes to ctx.attribution, which
+        settle applies to the other detectors' findings."""
+        store = ctx.store
+        m, topo = _matrices(store, ctx.warmup_factor)
         if m is None:
             return []
         steps = m["own_s"].columns.to_numpy()
@@ -111,7 +115,7 @@ class LostTimeDetector:
         for a, b in episodes:
             net[a:b + 1] = True
         findings, att = self._ranks(store, m, topo, steps, step_time, excess, net)
-        self.attribution = att
+        ctx.attribution = att
         return findings + self._network(store, m, topo, att, episodes)
 
     # ---- ranks ----------------------------------------------------------------------------------
@@ -133,7 +137,7 @@ class LostTimeDetector:
         healthy = step_time[~inside] if (~inside).sum() >= self.cfg.min_steps else step_time
         base = float(np.median(healthy))
         att = Attribution(steps, np.clip(step_time - base, 0, None), float(np.nansum(step_time)), baseline_s=base,
-                          excess=excess)
+                          excess=excess, cfg=self.cfg)
         # What-if by the culprit's own history: had it kept its level from outside its stretch, the
         # stretch's steps would have been at the healthy level, so their whole loss is its cost; culprits
         # active at the same step share it by their excess over their own level (a small floor keeps a
@@ -449,7 +453,7 @@ def _charge(d: np.ndarray, sel: np.ndarray, lost: np.ndarray) -> float:
     return float(np.minimum(np.clip(np.nan_to_num(d[sel]) - level, 0, None), lost[sel]).sum())
 
 
-def settle(findings: list[Finding], att: Attribution | None, cfg: LostTimeConfig) -> list[Finding]:
+def settle(findings: list[Finding], att: Attribution | None) -> list[Finding]:
     """Blame follows the lost time, across detectors: the other detectors' straggler / late_launch
     findings get the cost this attribution charges their rank over their steps; those on ranks charged
     less than `victim_share` of the lost time there are victims, and those charged less than
@@ -457,6 +461,7 @@ def settle(findings: list[Finding], att: Attribution | None, cfg: LostTimeConfig
     another detector already named hands its cost to that finding and goes (one finding per culprit)."""
     if att is None:
         return findings
+    cfg = att.cfg
     culprit = ("straggler", "late_launch")
     out: list[Finding] = []
     for f in findings:

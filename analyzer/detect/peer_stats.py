@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import math
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,6 +32,9 @@ MEASURES = ("work_s", "forward_s", "own_s", "gap_s")
 """work_s = own forward + backward compute; forward_s alone; own_s = compute + data wait + host gaps;
 gap_s = host gaps alone (launch delays)."""
 
+
+PEER_GRID_COLUMNS = ("step_time_s", "work_s")
+"""The columns of the score grid the workload imbalance detector reads too (context.DetectContext.peer_grid)."""
 
 SCORE_COLUMNS = ("step_time_s", "forward_s", "work_s", "own_s", "gap_s", "gap_p2p_s")
 """The rank_step columns the scores read (work_s = forward_s + backward_s)."""
@@ -78,6 +80,12 @@ class ScoreGrid:
         """Per rank: the share of its rows where `flag` holds."""
         return (flag & self.present).sum(axis=1) / self.present.sum(axis=1)
 
+    def part(self, columns: tuple[str, ...]) -> ScoreGrid:
+        """The same ranks and steps with only `columns` of the values (the same arrays, not copies: nobody
+        writes them) and no derived columns."""
+        return ScoreGrid(self.ranks, self.steps, self.present, self.pp, self.dp, self.tp, self.host,
+                         {c: self.values[c] for c in columns})
+
     def frame(self, rows: np.ndarray, columns: list[str] | None = None) -> pd.DataFrame:
         """The long rows (rank, step, pos, pp, dp, tp, host, `columns` or all values) of the ranks at row
         indices `rows`, ordered by rank and step. pos: the step's position among the run's analyzed
@@ -98,7 +106,6 @@ def rank_step_scores(store: Store, warmup_factor: float = WARMUP_FACTOR) -> Scor
     grid = load_grid(store, SCORE_COLUMNS, warmup_factor)
     if grid is None:
         return None
-    hand_over(store, grid, warmup_factor)  # for the workload imbalance detector (take_grid)
     v = grid.values
     stages = row_groups(grid.pp)
     # x = log(max(v, 1e-9) / max(ref, 1e-9)), in place where it can be: each matrix is ~100 MB at
@@ -142,38 +149,6 @@ def _tp_ratio(groups: list[np.ndarray], grid: ScoreGrid, rows: np.ndarray) -> np
     at[sub] = np.arange(len(sub))
     with np.errstate(divide="ignore", invalid="ignore"):
         return (work / ref)[at[rows]]
-
-
-HANDED_COLUMNS = ("step_time_s", "work_s")
-_handed: weakref.WeakKeyDictionary[Store, tuple[tuple, float, ScoreGrid]] = weakref.WeakKeyDictionary()
-"""Per store: the straggler detector's step_time_s and work_s matrices (with a fingerprint of the
-rank_step rows they came from and the warm-up factor), which the workload imbalance detector takes once
-instead of reading rank_step again (~0.5-1 s at 12,288 x 1,000). Held in between (the flap detector
-runs there: ~210 MB, below the straggler detector's own peak); a store that is gone drops its entry."""
-
-
-def hand_over(store: Store, grid: ScoreGrid, warmup_factor: float) -> None:
-    """Keep `grid`'s HANDED_COLUMNS (the same arrays, not copies: nobody writes them) for take_grid."""
-    part = ScoreGrid(grid.ranks, grid.steps, grid.present, grid.pp, grid.dp, grid.tp, grid.host,
-                     {c: grid.values[c] for c in HANDED_COLUMNS})
-    _handed[store] = (_fingerprint(store), warmup_factor, part)
-
-
-def take_grid(store: Store, warmup_factor: float) -> ScoreGrid | None:
-    """The grid hand_over kept for this store (once), when rank_step still holds the same rows and the
-    warm-up factor is the same; else None."""
-    kept = _handed.pop(store, None)
-    if kept is None or kept[1] != warmup_factor or kept[0] != _fingerprint(store):
-        return None
-    return kept[2]
-
-
-def _fingerprint(store: Store) -> tuple:
-    """The rank_step rows the grids are made of, in one value (count, last step, XOR of the rows' hashes:
-    exact and independent of the row order; a sum of floats is neither). ~50 ms at 12.3 M rows."""
-    row = store.arrow("SELECT count(*) AS n, max(step) AS last, bit_xor(hash(rank, step, step_time_s, forward_s, "
-                        "backward_s)) AS h FROM rank_step WHERE step_time_s > 0").to_pylist()[0]
-    return (row["n"], row["last"], row["h"])
 
 
 def load_grid(store: Store, columns: tuple[str, ...], warmup_factor: float = WARMUP_FACTOR) -> ScoreGrid | None:

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer.data.store import Store
+from megascope.analyzer.detect.context import DetectContext
 from megascope.analyzer.detect.episodes import (
     binomial_tail,
     change_point,
@@ -40,6 +41,7 @@ from megascope.analyzer.detect.episodes import (
 )
 from megascope.analyzer.detect.finding_merge import merge_hosts, merge_tp_groups
 from megascope.analyzer.detect.peer_stats import (
+    PEER_GRID_COLUMNS,
     ScoreGrid,
     loo_median_rows,
     median_inplace,
@@ -48,7 +50,7 @@ from megascope.analyzer.detect.peer_stats import (
     rank_step_scores,
 )
 from megascope.analyzer.findings import Finding, hosts_of
-from megascope.analyzer.settings import WARMUP_FACTOR, StragglerConfig
+from megascope.analyzer.settings import StragglerConfig
 
 ONSET_SHARE = 0.6
 """The onset is the first step of the stretch past this share of the level shift: a step only partly
@@ -76,16 +78,17 @@ class Episode:
 
 
 class StragglerDetector:
-    """The default detector; Run takes any object with `detect(store) -> list[Finding]`."""
+    """A default detector (Run: `detect(ctx)`; diagnose.py)."""
 
-    def __init__(self, config: StragglerConfig | None = None, warmup_factor: float = WARMUP_FACTOR) -> None:
+    def __init__(self, config: StragglerConfig | None = None) -> None:
         self.cfg = config or StragglerConfig()
-        self.warmup_factor = warmup_factor
 
-    def detect(self, store: Store) -> list[Finding]:
-        grid = rank_step_scores(store, self.warmup_factor)
+    def detect(self, ctx: DetectContext) -> list[Finding]:
+        store = ctx.store
+        grid = rank_step_scores(store, ctx.warmup_factor)
         if grid is None:
             return []
+        ctx.peer_grid = grid.part(PEER_GRID_COLUMNS)  # for the workload imbalance detector
         self._trials = max(1, len(grid.ranks) * len(grid.steps))
         sigma = noise_sigma_grid(grid, grid["x_work_s"])
         slow = self._slow_compute(store, grid, sigma)

@@ -30,28 +30,29 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer.data.store import Store
+from megascope.analyzer.detect.context import DetectContext
 from megascope.analyzer.detect.peer_stats import (
+    PEER_GRID_COLUMNS,
     ScoreGrid,
     column_medians,
     kahan_means,
     load_grid,
     median_inplace,
     row_groups,
-    take_grid,
 )
 from megascope.analyzer.findings import Finding, hosts_of, rank_list
-from megascope.analyzer.settings import WARMUP_FACTOR, WorkloadImbalanceConfig
+from megascope.analyzer.settings import WorkloadImbalanceConfig
 
 
 class WorkloadImbalanceDetector:
-    """Run takes any object with `detect(store) -> list[Finding]`."""
+    """A default detector (Run: `detect(ctx)`; diagnose.py)."""
 
-    def __init__(self, config: WorkloadImbalanceConfig | None = None, warmup_factor: float = WARMUP_FACTOR) -> None:
+    def __init__(self, config: WorkloadImbalanceConfig | None = None) -> None:
         self.cfg = config or WorkloadImbalanceConfig()
-        self.warmup_factor = warmup_factor
 
-    def detect(self, store: Store) -> list[Finding]:
-        grid = compute_per_rank_step(store, self.warmup_factor)
+    def detect(self, ctx: DetectContext) -> list[Finding]:
+        store = ctx.store
+        grid = compute_per_rank_step(ctx)
         if grid is None or len(np.unique(grid.dp)) < 2:
             return []
         stats = replica_spread(grid, self.cfg.level_window)
@@ -97,10 +98,11 @@ class WorkloadImbalanceDetector:
                       "est_throughput_lost": round(lost, 4) if lost == lost else None})
 
 
-def compute_per_rank_step(store: Store, warmup_factor: float = WARMUP_FACTOR) -> ScoreGrid | None:
+def compute_per_rank_step(ctx: DetectContext) -> ScoreGrid | None:
     """work_s (own forward + backward) and step_time_s per rank and step (rank x step matrices), warm-up
-    steps dropped as the straggler detector drops them; None: no rank-step with time."""
-    return take_grid(store, warmup_factor) or load_grid(store, ("step_time_s", "work_s"), warmup_factor)
+    steps dropped as the straggler detector drops them (its grid's, when it ran first); None: no
+    rank-step with time."""
+    return ctx.take_peer_grid() or load_grid(ctx.store, PEER_GRID_COLUMNS, ctx.warmup_factor)
 
 
 @dataclass

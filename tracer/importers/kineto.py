@@ -225,7 +225,7 @@ def _whole_region(con: Any, folder: str) -> tuple[ko.StepIndex, list[str]]:
     return ko.StepIndex([(0, start, end)]), [main]
 
 
-def _spans(con: Any, folder: str, tid: str, batch_rows: int = 65_536) -> Iterator[tuple[int, int, int]]:
+def _spans(con: Any, folder: str, tid: str, batch_rows: int = 8_192) -> Iterator[tuple[int, int, int]]:
     """One thread's runs of ops (start, end, class), sorted by start, in batches."""
     spans = sp.parts(folder, "span")
     if spans is None:

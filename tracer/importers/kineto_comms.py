@@ -127,7 +127,7 @@ ORDER BY start, ord
 """The ops that matter to a rank (executions on any thread, issues on the main threads), by start."""
 
 
-def rows(con: Any, comms: str, main_tids: list[str], batch_rows: int = 65_536) -> Iterator[Comm]:
+def rows(con: Any, comms: str, main_tids: list[str], batch_rows: int = 8_192) -> Iterator[Comm]:
     """The spooled ops of SELECT_SORTED, as Comm, in batches."""
     reader = con.sql(SELECT_SORTED, params={"comms": comms, "main_tids": main_tids}).to_arrow_reader(batch_rows)
     for batch in reader:

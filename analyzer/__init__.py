@@ -13,5 +13,9 @@ from megascope.analyzer.report.build import build_report
 from megascope.analyzer.run import Run
 from megascope.analyzer.views.heatmap import Heatmap
 from megascope.analyzer.views.mfu import MfuTimeline
+from megascope.tracer.run_dir import INCIDENTS_FILE, MANIFEST, SELF_CHECK_DIR
 
-__all__ = ["Run", "Finding", "HangReport", "Heatmap", "MfuTimeline", "RunOpenError", "build_report"]
+# the run directory's names (tracer/run_dir.py) for the layers above, which read runs through the analyzer
+
+__all__ = ["Run", "Finding", "HangReport", "Heatmap", "MfuTimeline", "RunOpenError", "build_report",
+           "MANIFEST", "INCIDENTS_FILE", "SELF_CHECK_DIR"]

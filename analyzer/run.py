@@ -18,6 +18,7 @@ import pandas as pd
 
 from megascope.analyzer.data.derive import DerivedTables
 from megascope.analyzer.data.event_pass import Engine
+from megascope.analyzer.data.events_window import events_window
 from megascope.analyzer.data.store import Store, load_sql
 from megascope.analyzer.data.summary_cache import SummaryState
 from megascope.analyzer.detect.context import DetectContext
@@ -29,7 +30,7 @@ from megascope.analyzer.detect.stragglers import StragglerDetector
 from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.graph import critical_path as cp
-from megascope.analyzer.graph.step_graph import build_step_graph, dependency_edges, events_window
+from megascope.analyzer.graph.step_graph import build_step_graph, dependency_edges
 from megascope.analyzer.graph.what_if import what_if
 from megascope.analyzer.settings import AnalyzerSettings, DetectSettings
 from megascope.analyzer.views.heatmap import Heatmap, heatmap

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from megascope.cli import DefaultsHelpFormatter
 from megascope.dashboard.auth import ENV_VAR, choose_token, is_loopback
-from megascope.tracer.run_dir import MANIFEST
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9._~-]{16,}$")
 """A given token: long enough not to be guessed, and safe in a URL and a cookie as it is."""
@@ -116,6 +115,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _argument_problem(args: argparse.Namespace) -> str | None:
+    from megascope.analyzer import MANIFEST  # here: `megascope dashboard --help` stays quick
+
     missing = [r for r in args.runs if not (Path(r) / MANIFEST).is_file()]
     if missing:
         return (f"not a run directory (no run.json): {', '.join(missing)}; pass the directory given to "

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from megascope.analyzer import Run
-from megascope.tracer.run_dir import INCIDENTS_FILE, MANIFEST, SELF_CHECK_DIR
+from megascope.analyzer import INCIDENTS_FILE, MANIFEST, SELF_CHECK_DIR, Run
 
 CATALOG_KEY = "MEGASCOPE_RUN_CATALOG"
 """Where the catalog lives in the Flask config of the app serving it."""

@@ -118,7 +118,7 @@ def test_event_ids_before_the_first_step(run_dir, tmp_path):
     import shutil
 
     from megascope.analyzer import Run
-    from megascope.analyzer.graph.step_graph import event_id, event_id_parts
+    from megascope.analyzer.data.events_window import event_id, event_id_parts
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     _add_init_events(copy, [0, 1, 15])

@@ -13,11 +13,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from megascope.analyzer import Run
+from megascope.analyzer.data.events_window import events_window
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.graph.span_split import split_compute
 from megascope.analyzer.graph.step_graph import (
     GraphCycleError,
-    events_window,
     graph_from_events,
     topological_levels,
 )

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from megascope.analyzer.data.events_window import events_window
 from megascope.analyzer.data.store import Store
 from megascope.analyzer.findings import CULPRIT_KINDS, Finding
-from megascope.analyzer.graph.step_graph import events_window
 
 VICTIM_SHARE = 0.25
 """A finding is a victim's when its excess waits on pipeline neighbours are >= this share of its excess

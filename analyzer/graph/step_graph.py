@@ -9,19 +9,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from megascope.analyzer.data.events_window import events_window
 from megascope.analyzer.data.group_instances import instance_keys
-from megascope.analyzer.data.store import Store, load_sql
+from megascope.analyzer.data.store import Store
 from megascope.tracer.schema import WAIT_SUFFIX
 
 ASYNC_NAMES = ("send_forward", "send_backward")
 """Non-blocking ops: they do not hold up the next op of their rank."""
-
-EVENT_ID_STEP_BIAS = 256
-"""event_id holds step + this bias (24 bits), so events before the first step (step -1: init,
-importers) get ids that are >= 0, unique and decodable like any other."""
-MIN_EVENT_STEP = -EVENT_ID_STEP_BIAS
-MAX_EVENT_STEP = (1 << 24) - 1 - EVENT_ID_STEP_BIAS
-
 
 @dataclass
 class StepGraph:
@@ -43,30 +37,6 @@ class StepGraph:
     """In a pipeline trace without p2p events (a job that timed compute and collectives only): for a
     forward / backward compute span, the position of the span it received its input from (the previous
     stage's forward, the next stage's backward of the same micro-batch and chunk in its replica), -1."""
-
-
-def event_id(rank: int, step: int, position: int) -> int:
-    """The id events_window gives the `position`-th event (by issue time) of a rank-step."""
-    return (int(rank) << 40) | ((int(step) + EVENT_ID_STEP_BIAS) << 16) | int(position)
-
-
-def event_id_parts(event_id: int) -> tuple[int, int, int]:
-    """(rank, step, position) of an event id."""
-    event_id = int(event_id)
-    return event_id >> 40, ((event_id >> 16) & 0xFFFFFF) - EVENT_ID_STEP_BIAS, event_id & 0xFFFF
-
-
-def events_window(store: Store, first: int, last: int, ranks: list[int] | None, limit: int) -> pd.DataFrame:
-    """Events of steps [first, last] with their event_id; steps outside the ids' range hold no events
-    the analyzer can name (a window reaching past it is clipped to it)."""
-    first, last = max(int(first), MIN_EVENT_STEP), min(int(last), MAX_EVENT_STEP)
-    rank_filter = ""
-    if ranks is not None:
-        ids = ", ".join(str(int(r)) for r in ranks) or "-1"
-        rank_filter = f"AND rank IN ({ids})"
-    return store.query(load_sql("events_window").format(source=store.events_source(ranks), rank_filter=rank_filter,
-                                                        step_bias=EVENT_ID_STEP_BIAS),
-                       {"first": int(first), "last": int(last), "limit": int(limit)})
 
 
 def build_step_graph(store: Store, step: int, ranks: list[int] | None = None) -> StepGraph:

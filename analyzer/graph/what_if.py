@@ -25,13 +25,13 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer.data.event_pass import has_wait_spans
+from megascope.analyzer.data.events_window import events_window
 from megascope.analyzer.data.store import Store, load_sql
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.graph.span_split import split_compute
 from megascope.analyzer.graph.step_graph import (
     GraphCycleError,
     StepGraph,
-    events_window,
     graph_from_events,
     topological_levels,
 )

@@ -201,8 +201,9 @@ class Run:
 
     def incomplete_data(self) -> list[dict[str, Any]]:
         """Rank-steps left out of the diagnosis because a damaged segment may have held part of them:
-        rank, steps [first, last] (clipped to the run's steps), segment (relative path), one per
-        damaged events or steps segment. Their steps rows still count in the MFU timeline."""
+        rank, steps [first, last] (clipped to the run's steps), segment (relative path), reason
+        ("damaged", or "contradicts the run": rows of it were left out), one per such segment. Their
+        steps rows still count in the MFU timeline."""
         self.derived.rank_step()
         ranges = self.store.incomplete_ranges()
         if ranges.empty:
@@ -212,7 +213,7 @@ class Run:
         lo = int(span.a.iloc[0]) if span.a.notna().iloc[0] else 0
         hi = int(span.b.iloc[0]) if span.b.notna().iloc[0] else 0
         return [{"rank": int(r.rank), "steps": [max(int(r.first_step), lo), min(int(r.last_step), hi)],
-                 "segment": str(r.segment)} for r in ranges.itertuples()]
+                 "segment": str(r.segment), "reason": str(r.reason)} for r in ranges.itertuples()]
 
     def hang(self) -> HangReport | None:
         """The hang the in-flight records show (None: none), found once for this and the findings."""

@@ -108,7 +108,7 @@ def test_rank0_first_segment_damaged_is_dropped_with_a_warning(clean, tmp_path, 
     # no readable segment before it: every step up to the next segment's first is incomplete
     last = 2 if table == "steps" else 3
     assert report["incomplete_data"] == [
-        {"rank": 0, "steps": [0, last], "segment": f"{table}/rank=00000/seg-000000.parquet"}]
+        {"rank": 0, "steps": [0, last], "segment": f"{table}/rank=00000/seg-000000.parquet", "reason": "damaged"}]
     assert len(report["mfu"]["per_step"]) == STEPS
 
 
@@ -125,7 +125,7 @@ def test_truncated_segment_on_another_rank_is_incomplete_data_not_a_straggler(st
     assert 1.2 < report["findings"][0]["severity"] < 1.4
     # steps 2 and 6 share segments with the lost one (a flush can split a step): left out too
     assert report["incomplete_data"] == [
-        {"rank": 1, "steps": [2, 6], "segment": "events/rank=00001/seg-000001.parquet"}]
+        {"rank": 1, "steps": [2, 6], "segment": "events/rank=00001/seg-000001.parquet", "reason": "damaged"}]
     text = megascope("analyze", run)
     assert "Incomplete data" in text.stdout and "rank 1, steps 2-6: events/rank=00001/seg-000001.parquet" in text.stdout
     # the data layer: no detector can see them; their steps rows still count in the MFU timeline
@@ -145,7 +145,8 @@ def test_lost_steps_segment_leaves_its_own_steps_out(straggler, tmp_path):
     run = copy(straggler, tmp_path)
     damage(run / "steps" / "rank=00002" / "seg-000002.parquet", "empty")
     report = json.loads(megascope("analyze", run, "--json").stdout)
-    assert report["incomplete_data"] == [{"rank": 2, "steps": [6, 8], "segment": "steps/rank=00002/seg-000002.parquet"}]
+    assert report["incomplete_data"] == [{"rank": 2, "steps": [6, 8], "segment": "steps/rank=00002/seg-000002.parquet",
+                                         "reason": "damaged"}]
     assert [(f["kind"], f["ranks"]) for f in report["findings"]] == [("straggler", [STRAGGLER])]
 
 

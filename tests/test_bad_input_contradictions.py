@@ -78,7 +78,8 @@ def test_rows_naming_a_rank_outside_the_topology_are_left_out(straggler, tmp_pat
     assert lines_about(report, rel) == [f"{rel}: 7 row(s) name a rank outside run.json's topology (ranks 0-3) "
                                         "and were left out"]
     first, last = int(steps[:7].min()), int(steps[:7].max())
-    assert report["incomplete_data"] == [{"rank": 1, "steps": [first, last], "segment": rel}]
+    assert report["incomplete_data"] == [{"rank": 1, "steps": [first, last], "segment": rel,
+                                          "reason": "contradicts the run"}]
     assert [(f["kind"], f["ranks"]) for f in report["findings"]] == [("straggler", [STRAGGLER])]
 
 
@@ -94,7 +95,8 @@ def test_spans_that_end_before_they_start_are_left_out(straggler, tmp_path):
     assert lines_about(report, rel) == [f"{rel}: 5 row(s) end before they start (end_ns < start_ns) and were "
                                         "left out"]
     steps = table.column("step").to_numpy()[-5:]
-    assert report["incomplete_data"] == [{"rank": 0, "steps": [int(steps.min()), int(steps.max())], "segment": rel}]
+    assert report["incomplete_data"] == [{"rank": 0, "steps": [int(steps.min()), int(steps.max())], "segment": rel,
+                                          "reason": "contradicts the run"}]
     assert [(f["kind"], f["ranks"]) for f in report["findings"]] == [("straggler", [STRAGGLER])]
     text = subprocess.run([sys.executable, "-m", "megascope", "analyze", str(run)], capture_output=True, text=True,
                           timeout=300).stdout

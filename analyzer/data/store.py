@@ -220,12 +220,13 @@ class Store:
         return table
 
     def incomplete_ranges(self) -> pd.DataFrame:
-        """rank, first_step, last_step, segment: the rank-steps each dropped events or steps segment
+        """rank, first_step, last_step, segment, reason: the rank-steps each dropped events or steps segment
         may have held. A rank's segments are written in step order, so a damaged one lies between
         its readable neighbours: from the last step of the one before to the first step of the one
         after, both included for events (a flush can split a step's events across two segments),
         excluded for steps (one row per step). No neighbour on a side (or a restart rewound the
-        steps): open on that side (-NO_STEP / NO_STEP)."""
+        steps): open on that side (-NO_STEP / NO_STEP). reason: "damaged" (the segment was dropped) or
+        "contradicts the run" (rows of it were left out, validate.py)."""
         rows = []
         for table, bad in self.damaged:
             if table not in ("events", "steps"):
@@ -246,10 +247,10 @@ class Store:
             rank = int(os.path.basename(folder).partition("=")[2] or -1)
             rows.append({"rank": rank, "first_step": -NO_STEP if first is None else first,
                          "last_step": NO_STEP if last is None else last,
-                         "segment": os.path.relpath(bad, self.path)})
-        rows += [{"rank": c.rank, "first_step": c.first_step, "last_step": c.last_step, "segment": c.segment}
-                 for c in self.contradictions]
-        return pd.DataFrame(rows, columns=["rank", "first_step", "last_step", "segment"]).astype(
+                         "segment": os.path.relpath(bad, self.path), "reason": "damaged"})
+        rows += [{"rank": c.rank, "first_step": c.first_step, "last_step": c.last_step, "segment": c.segment,
+                  "reason": "contradicts the run"} for c in self.contradictions]
+        return pd.DataFrame(rows, columns=["rank", "first_step", "last_step", "segment", "reason"]).astype(
             {"rank": "int32", "first_step": "int64", "last_step": "int64"})
 
     def _step_bound(self, segment: str, agg: str) -> int | None:

@@ -141,8 +141,15 @@ def _incomplete_text(items: list[dict]) -> list[str]:
         return []
     out = ["", "Incomplete data (left out of the diagnosis: neither slow nor fast):"]
     for item in items:
-        out.append(f"  - rank {item['rank']}, {_steps_text(*item['steps'])}: {item['segment']} is damaged")
+        out.append(f"  - rank {item['rank']}, {_steps_text(*item['steps'])}: {item['segment']} {incomplete_why(item)}")
     return out
+
+
+def incomplete_why(item: dict) -> str:
+    """How an incomplete-data entry came to be, for the text and HTML reports."""
+    if item.get("reason", "damaged") == "damaged":
+        return "is damaged"
+    return "holds rows that contradict the run (left out)"
 
 
 def json_safe(obj):

@@ -8,6 +8,7 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from megascope.analyzer.report.build import incomplete_why
 from megascope.analyzer.report.plots import PlotData
 from megascope.analyzer.views.heatmap import METRICS, color_range
 
@@ -57,7 +58,8 @@ def write_html(report: dict, plots: PlotData, path: str | Path) -> Path:
         f"<td>{html.escape(f['summary'])}</td></tr>" for f in report["findings"]) or \
         "<tr><td colspan=6>No findings.</td></tr>"
     incomplete = "".join(f"<li>rank {d['rank']}, steps {d['steps'][0]}-{d['steps'][1]}: "
-                         f"{html.escape(d['segment'])} is damaged</li>" for d in report.get("incomplete_data", []))
+                         f"{html.escape(d['segment'])} {html.escape(incomplete_why(d))}</li>"
+                         for d in report.get("incomplete_data", []))
     incomplete = ("<h2>Incomplete data</h2><p>Left out of the diagnosis (neither slow nor fast):</p>"
                   f"<ul>{incomplete}</ul>" if incomplete else "")
     robust = "".join(f"<li>{html.escape(line)}</li>" for line in report.get("robustness", {}).get("summary", []))

@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -189,15 +190,22 @@ def run_one_host(case: Case, run_dir: Path, steps: int, onset: float) -> list[tu
             time.sleep(0.05)
         proc.wait()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.seek(0)
-        err = log.read()[-400:].decode(errors="replace")
-        log.close()
+        err = _reap(proc, log)
     if proc.returncode:
         raise RuntimeError(f"{case.name}: megascope train exited {proc.returncode}: {err}")
     return windows
+
+
+def _reap(proc: subprocess.Popen, log: IO[bytes]) -> str:
+    """Kill the job if it still runs (a failed fault, an interrupt) and close its log; the log's tail,
+    the reason to give when the job failed."""
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+    log.seek(0)
+    err = log.read()[-400:].decode(errors="replace")
+    log.close()
+    return err
 
 
 def run_attached(case: Case, run_dir: Path, steps: int, onset: float) -> list[tuple[float, float]]:
@@ -233,12 +241,7 @@ def run_attached(case: Case, run_dir: Path, steps: int, onset: float) -> list[tu
                     break
         proc.communicate(timeout=900)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        log.seek(0)
-        err = log.read()[-400:].decode(errors="replace")
-        log.close()
+        err = _reap(proc, log)
     if proc.returncode:
         raise RuntimeError(f"{case.name}: samples/{case.job}.py exited {proc.returncode}: {err}")
     if case.fault == "sleep":

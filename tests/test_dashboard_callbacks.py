@@ -19,6 +19,7 @@ from megascope.dashboard import ids  # noqa: E402
 from megascope.dashboard.app import create_app  # noqa: E402
 from megascope.dashboard.runs import RunCatalog, directory_signature  # noqa: E402
 from megascope.tracer.run_dir import write_manifest  # noqa: E402
+from tests.dash_text import dash_text as _text  # noqa: E402
 
 STEPS = 12
 STRAGGLER = 3
@@ -63,15 +64,6 @@ def pages(app):
                    compare=compare)
 
 
-def _text(component) -> str:
-    """All the text in a Dash component tree."""
-    if component is None:
-        return ""
-    if isinstance(component, (str, int, float, np.generic)):
-        return str(component)
-    if isinstance(component, (list, tuple)):
-        return " ".join(_text(c) for c in component)
-    return _text(getattr(component, "children", None))
 
 
 def test_overview_shows_steps_and_the_straggler_finding(pages):

@@ -17,6 +17,7 @@ if not hasattr(analyzer, "Run"):
 
 from megascope.dashboard.app import create_app  # noqa: E402
 from megascope.samples.sim_model import Hardware  # noqa: E402
+from tests.dash_text import dash_text as _text  # noqa: E402
 
 STEPS = 30
 FLAP_LINK = (1, 5)  # stage 0's rank 1 (node0000) and stage 1's rank 5 (node0001)
@@ -48,14 +49,6 @@ def pages(runs):
         yield dict(links=links, overview=overview, timeline=timeline)
 
 
-def _text(component) -> str:
-    if component is None:
-        return ""
-    if isinstance(component, (str, int, float, np.generic)):
-        return str(component)
-    if isinstance(component, (list, tuple)):
-        return " ".join(_text(c) for c in component)
-    return _text(getattr(component, "children", None))
 
 
 def _hrefs(component) -> list[str]:

@@ -294,12 +294,16 @@ class Watcher:
         return self._store
 
     def _true_onsets(self, store: LiveStore, found: list[Finding], first: int, step: int) -> list[Finding]:
-        """`found`, where a finding not open yet starts at the window's first step (it may have begun
-        before): the same finding of the detectors over the kept summaries before the window, when they
-        date it earlier (its summary then says so too)."""
+        """`found`, where a finding not open yet may have begun before the window: the same finding of
+        the detectors over the kept summaries before the window, when they date it earlier (its summary
+        then says so too). Every new finding is looked up, not only one dated at the window's first step:
+        a window wholly inside an episode may place a noise shift a few steps in as its onset (a 3x
+        straggler from step 60 announced "since step 89" in a window from step 85, 1 run in 7)."""
         rows = self.follower
         kept = rows.first_kept() if rows is not None else None
-        clipped = [f for f in found if key_of(f) not in self.tracker.open and f.kind != "hang" and f.steps[0] <= first]
+        fresh = step - self.tracker.end_after  # an older last step is no news: the tracker drops it
+        clipped = [f for f in found
+                   if key_of(f) not in self.tracker.open and f.kind != "hang" and f.steps[1] >= fresh]
         if rows is None or kept is None or kept >= first or not clipped:
             return found
         wider = judge_window(store, rows, kept, step, self.cfg.settings)

@@ -133,6 +133,13 @@ CASES = [
     Case("lightning-hog-r0", True, "hog", (), 0, {"cpu": 1}, job="lightning_loop"),
     # added after the seven above were scored, before it was first run: held out
     Case("fsdp2-stop-r1", True, "stop", (), 1, {"stop_ms": 20, "period_ms": 50}, job="fsdp2_loop"),
+    # added 2026-11-28 02:10 UTC, held out, decided before any was first run and before settle drops a
+    # lost-time finding charged a trifle of the run (ddp-stop-r0's extra "cost 0.0 s" finding): the mirror
+    # of that miss, a quota on an FSDP2 job's rank 0, a clean Lightning job, a stop on the last stage
+    Case("ddp-stop-r1", True, "stop", (), 1, {"stop_ms": 20, "period_ms": 40}, job="ddp_loop"),
+    Case("fsdp2-quota-r0", True, "quota", (), 0, {"share": 0.3}, job="fsdp2_loop"),
+    Case("lightning-clean", True, "none", (), job="lightning_loop"),
+    Case("stop-r3", True, "stop", DP2PP2, 3, {"stop_ms": 25, "period_ms": 80}, seed=99),
 ]
 ATTACHED_MODULES = {"hf_trainer": "transformers", "lightning_loop": "lightning"}
 """The optional extra (`megascope[attach]`) each attached sample needs."""

@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import jsonschema
 import pandas.testing as pd_testing
+import pyarrow.compute as pc
 import pytest
 
 from megascope.analyzer import Run, build_report
@@ -293,6 +294,32 @@ def test_live_rows_summarize_each_step_once_and_equal_the_event_pass(straggler_r
     truth = Run.open(live).rank_steps().drop(columns="host")
     assert len(mine) == len(feeder.steps) * 8
     pd_testing.assert_frame_equal(mine.reset_index(drop=True), truth.reset_index(drop=True), check_dtype=False)
+
+
+def test_pinned_steps_outlive_the_pruning_and_are_held_once(straggler_run, tmp_path):
+    """Steps pinned around an open finding's onset are held after the kept steps moved past them: a
+    window over both holds each step once, with the rows it had while kept; unpinned, they go."""
+    live = tmp_path / "live"
+    feeder = Feeder(straggler_run, live)
+    rows = LiveRows(live, json.loads((straggler_run / "run.json").read_text()), keep=4)
+    lister = watch.SegmentLister(live)
+    feeder.feed(6)
+    rows.add(lister.new())
+    rows.summarize()
+    before = rows.window("edge_rank_step", 3, 4).sort_by([("step", "ascending"), ("rank", "ascending")])
+    rows.pin([(3, 4)])
+    while feeder.next < feeder.total:
+        feeder.feed(3)
+        rows.add(lister.new())
+        rows.summarize()
+    last = rows.done_through
+    assert last == feeder.steps[-1] and rows.first_kept() == 3
+    held = rows.window("edge_rank_step", 0, last)
+    assert sorted(held["step"].to_pylist()) == sorted([3, 4, *range(last - 3, last + 1)] * 8)
+    again = held.filter(pc.less_equal(held["step"], 4)).sort_by([("step", "ascending"), ("rank", "ascending")])
+    assert again.equals(before)
+    rows.pin([])
+    assert rows.first_kept() == last - 3
 
 
 def test_hang_is_announced_and_stays_open_when_the_run_goes_idle(tmp_path):

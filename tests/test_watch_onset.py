@@ -62,6 +62,8 @@ def test_live_onset_before_the_window_open_at_the_end_and_ms_times(tmp_path):
     assert f"since step {start['steps'][0]}" in start["summary"]
     # still slow at the last step: open at the end of the run, never ended
     assert [r["event"] for r in mine if r["event"] in ("end", "open_at_end")] == ["open_at_end"], (mine, watch.stdout)
-    assert next(r for r in mine if r["event"] == "open_at_end")["steps"] == [start["steps"][0], STEPS - 1]
+    # from its onset to the last steps (within the tracker's end_after, 4: the last step may go unflagged)
+    first, last = next(r for r in mine if r["event"] == "open_at_end")["steps"]
+    assert first == start["steps"][0] and last >= STEPS - 5, (mine, watch.stdout)
     assert "OPEN AT END straggler" in watch.stdout and "ENDED straggler" not in watch.stdout
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["time"]) for r in recs)

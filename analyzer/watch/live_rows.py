@@ -19,6 +19,7 @@ restart) can no longer count: they are counted (`late_rows`) and said once.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -79,6 +80,9 @@ class LiveRows:
         self._steps: list[pa.Table] = []
         self.rows: dict[str, list[pa.Table]] = {name: [] for name in EDGE}
         """Per edge table, the summaries of the kept steps, one table per summarizing tick."""
+        self.pins: list[tuple[int, int]] = []
+        self.pinned: dict[str, list[pa.Table]] = {name: [] for name in EDGE}
+        """Per edge table, the summaries of the pinned steps (`pin`), kept past the pruning."""
         self._con = duckdb.connect(config={"threads": 1})
         self._con.execute("SET enable_progress_bar=false")
         define_edge_sql(self._con)
@@ -172,12 +176,39 @@ class LiveRows:
                     if pc.max(t["step"]).as_py() >= first]
             self.rows[name] = [t for t in kept if t.num_rows]
 
+    def pin(self, ranges: list[tuple[int, int]]) -> None:
+        """Hold the summaries of the steps in these [first, last] ranges (those still held) past the
+        pruning, and no others: an open finding's steps around its onset. A straggler open for longer
+        than `keep` steps is otherwise judged in a window wholly inside it, where the detector holds
+        it to its stricter test for a rank slow from the first step (z_start): under load it lost a
+        3x straggler that way at step ~185 of 200 (onset 60) and called it ended (1 CI run in ~10)."""
+        ranges = sorted(set(ranges))
+        if ranges == self.pins:
+            return
+        for name in EDGE:
+            parts = []
+            for t in self._held(name) if ranges else []:
+                inside = [pc.and_(pc.greater_equal(t["step"], a), pc.less_equal(t["step"], b)) for a, b in ranges]
+                part = t.filter(functools.reduce(pc.or_, inside))
+                if part.num_rows:
+                    parts.append(part)
+            self.pinned[name] = parts
+        self.pins = ranges
+
+    def _held(self, name: str) -> list[pa.Table]:
+        """The pinned summaries of steps before the kept ones, then the kept ones (no step twice)."""
+        rows = self.rows[name]
+        first = min(pc.min(t["step"]).as_py() for t in rows) if rows else None
+        pinned = [t if first is None or pc.max(t["step"]).as_py() < first
+                  else t.filter(pc.less(t["step"], first)) for t in self.pinned[name]]
+        return [t for t in pinned if t.num_rows] + rows
+
     def window(self, name: str, first: int, last: int) -> pa.Table:
-        """One edge table's rows of steps [first, last] (of the kept ones). Each kept table holds the
-        steps of one summarizing tick: only those that straddle a bound are filtered (the collective
-        rows of 12,288 ranks x 15 steps, 1.8 M, took 0.5 s to filter whole)."""
+        """One edge table's rows of steps [first, last] (of the held ones: pinned, kept). Each kept
+        table holds the steps of one summarizing tick: only those that straddle a bound are filtered
+        (the collective rows of 12,288 ranks x 15 steps, 1.8 M, took 0.5 s to filter whole)."""
         parts = []
-        for t in self.rows[name]:
+        for t in self._held(name):
             lo, hi = pc.min(t["step"]).as_py(), pc.max(t["step"]).as_py()
             if hi < first or lo > last:
                 continue
@@ -187,8 +218,8 @@ class LiveRows:
         return pa.concat_tables(parts) if parts else EDGE[name].empty_table()
 
     def first_kept(self) -> int | None:
-        """The first step whose summaries are kept."""
-        tables = self.rows["edge_rank_step"]
+        """The first step whose summaries are held (pinned or kept)."""
+        tables = self._held("edge_rank_step")
         return min(pc.min(t["step"]).as_py() for t in tables) if tables else None
 
     def close(self) -> None:

@@ -257,6 +257,8 @@ class Watcher:
         self.state.analyzed_step, self.state.inflight = step, inflight
         for change in self.tracker.update(found, step):
             self._send(change.event, change.finding, change.at_step)
+        quarter = cfg.window // 4  # _first_step's reach before an onset
+        rows.pin([(f.steps[0] - quarter, f.steps[0] + quarter) for f in self.tracker.open.values() if f.kind != "hang"])
         self.state.judge_cpu_s = time.process_time() - cpu
         self._window_metrics(m, window, step)
         m.ticks.inc()
@@ -268,9 +270,11 @@ class Watcher:
 
     def _first_step(self, step: int) -> int:
         """The judged window's first step: `window` steps back, or, while a finding is open, from a
-        quarter window before its onset (as far as the kept summaries reach). A window wholly inside a
-        straggler's episode shows the rank slow from its first step, which the detector holds to a
-        stricter test (z_start): judged that way a 2.5x straggler came and went 3 times in 90 steps."""
+        quarter window before its onset (as far as the held summaries reach: the steps around an open
+        finding's onset are pinned, LiveRows.pin; the window then skips from them to the kept ones). A
+        window wholly inside a straggler's episode shows the rank slow from its first step, which the
+        detector holds to a stricter test (z_start): judged that way a 2.5x straggler came and went 3
+        times in 90 steps."""
         first = step - self.cfg.window + 1
         onsets = [f.steps[0] for f in self.tracker.open.values() if f.kind != "hang"]
         kept = self.follower.first_kept() if self.follower is not None else None

@@ -153,7 +153,8 @@ class LostTimeDetector:
             att.charged[rank] = np.where(net, np.minimum(w * (w > 1e-6), att.lost), share)
         out = []
         for rank, a, b, d, ev in found:
-            out.append(self._rank_finding(store, m, topo, att, rank, a, b, d, ev))
+            if float(att.charged[rank].sum()) >= self.cfg.min_cost_share * att.run_s:  # settle's trifle rule
+                out.append(self._rank_finding(store, m, topo, att, rank, a, b, d, ev))
         return out, att
 
     def _replica_work(self, topo: pd.DataFrame, excess: dict[int, np.ndarray], work: pd.DataFrame, rank: int,

@@ -56,9 +56,10 @@ def test_live_onset_before_the_window_open_at_the_end_and_ms_times(tmp_path):
     final = next(r for r in mine if r["event"] == "final")
     # announced after the window had moved past the onset, yet dated from before the window
     assert start["at_step"] - WINDOW + 1 > ONSET + 5, (start["at_step"], watch.stdout)
-    # dated near the injected step, not at the window's first: live and final 60, 60 and 50 on three runs
-    # at load 10-15; at load 17 live 57, while the verdict over the whole run said 35 (so not compared)
-    assert ONSET - 20 <= start["steps"][0] <= ONSET + 3, (start, final)
+    # dated near the injected step, before the window it was announced in: live and final 60, 60 and 50
+    # on three runs at load 10-15; at load 17 live 57, while the verdict over the whole run said 35 (so
+    # not compared); at load 7.5 live and final 64
+    assert ONSET - 20 <= start["steps"][0] <= min(ONSET + 8, start["at_step"] - WINDOW), (start, final)
     assert f"since step {start['steps'][0]}" in start["summary"]
     # still slow at the last step: open at the end of the run, never ended
     assert [r["event"] for r in mine if r["event"] in ("end", "open_at_end")] == ["open_at_end"], (mine, watch.stdout)

@@ -160,16 +160,19 @@ def test_failing_tick_is_logged_counted_and_survived(straggler_run, tmp_path, mo
 
 
 def test_tracker_announces_start_and_end_once():
-    tracker = Tracker(end_after=4)
+    tracker = Tracker(end_after=4, hold=6)
     f = Finding("straggler", [5], ["h"], (8, 12), 1.3, "slow")
     assert [c.event for c in tracker.update([f], 12)] == ["start"]
     later = Finding("straggler", [5], ["h"], (8, 14), 1.3, "slow")
     assert tracker.update([later], 14) == []
     assert tracker.open[("straggler", (5,))].steps == (8, 14)
     assert tracker.update([later], 18) == []  # 4 steps behind: still open (gaps of noise)
-    ended = tracker.update([later], 19)
+    assert tracker.update([], 20) == []  # missed by the window, 6 behind: held (noise)
+    ended = tracker.update([later], 21)
     assert [(c.event, c.finding.steps) for c in ended] == [("end", (8, 14))]
-    assert tracker.update([], 20) == []
+    assert tracker.update([], 22) == []
+    # a new finding already 5 behind is no news
+    assert tracker.update([Finding("straggler", [6], ["h"], (9, 17), 1.3, "slow")], 22) == []
 
 
 def test_cli_refuses_bad_input(tmp_path):

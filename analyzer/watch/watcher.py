@@ -121,7 +121,7 @@ class Watcher:
         self.path = Path(run_dir)
         self.cfg = cfg or WatchConfig()
         self.log = log or (lambda msg: print(f"megascope watch: {msg}", file=sys.stderr, flush=True))
-        self.tracker = Tracker(end_after=self.cfg.settings.detect.straggler.max_gap + 1)
+        self.tracker = Tracker(end_after=self.cfg.settings.detect.straggler.max_gap + 1, hold=self.cfg.window // 2)
         self.state = WatchState()
         self.metrics: WatchMetrics | None = None
         self.follower: LiveRows | None = None
@@ -446,7 +446,7 @@ class Watcher:
         replaces the old one, whose queued records are still delivered (its close runs aside)."""
         with self._changing:
             old_cfg, old_hook, self.cfg = self.cfg, self.webhook, cfg
-            self.tracker.end_after = cfg.settings.detect.straggler.max_gap + 1
+            self.tracker.end_after, self.tracker.hold = cfg.settings.detect.straggler.max_gap + 1, cfg.window // 2
             if cfg.webhook != old_cfg.webhook:
                 self.webhook = BackgroundSink("webhook", post_json(cfg.webhook), self.log) if cfg.webhook else None
                 if old_hook is not None:

@@ -57,14 +57,18 @@ def test_live_onset_before_the_window_open_at_the_end_and_ms_times(tmp_path):
     # announced after the window had moved past the onset, yet dated from before the window
     assert start["at_step"] - WINDOW + 1 > ONSET + 5, (start["at_step"], watch.stdout)
     # dated near the injected step, before the window it was announced in: live and final 60, 60 and 50
-    # on three runs at load 10-15; at load 17 live 57, while the verdict over the whole run said 35 (so
-    # not compared); at load 7.5 live and final 64
-    assert ONSET - 20 <= start["steps"][0] <= min(ONSET + 8, start["at_step"] - WINDOW), (start, final)
+    # on three runs at load 10-15; at load 17 live 57, while the verdict over the whole run said 35; at
+    # load 7.5 live and final 64; at load 10 live 24, the whole run's verdict 2 (rank 1 slow early on:
+    # no earlier than the verdict over the whole run, then)
+    earliest = min(ONSET - 20, final["steps"][0])
+    assert earliest <= start["steps"][0] <= min(ONSET + 8, start["at_step"] - WINDOW), (start, final)
     assert f"since step {start['steps'][0]}" in start["summary"]
     # still slow at the last step: open at the end of the run, never ended
     assert [r["event"] for r in mine if r["event"] in ("end", "open_at_end")] == ["open_at_end"], (mine, watch.stdout)
     # from its onset to the last steps (within the tracker's end_after, 4: the last step may go unflagged)
     first, last = next(r for r in mine if r["event"] == "open_at_end")["steps"]
     assert first == start["steps"][0] and last >= STEPS - 5, (mine, watch.stdout)
-    assert "OPEN AT END straggler" in watch.stdout and "ENDED straggler" not in watch.stdout
+    said = [line for line in watch.stdout.splitlines() if "straggler" in line and "Rank 1 " in line]
+    assert any("OPEN AT END straggler" in line for line in said), watch.stdout
+    assert not any("ENDED straggler" in line for line in said), watch.stdout  # (another rank's noise may end)
     assert all(re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", r["time"]) for r in recs)

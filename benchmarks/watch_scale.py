@@ -167,7 +167,7 @@ def follow(template: Path, work: Path, args: argparse.Namespace) -> dict:
             if st is not None:
                 samples.append((now, st))
                 if cpu0 is None and st["progress"].get("summarized_step") is not None:
-                    cpu0 = (cpu_s(watcher.pid), st["progress"]["summarized_step"], now)
+                    cpu0 = (cpu_s(watcher.pid), st["progress"]["summarized_step"], now, st)
             done = writer.poll() is not None
             last = st["progress"].get("summarized_step") if st else None
             judged = st["progress"].get("analyzed_step") if st else None
@@ -180,7 +180,7 @@ def follow(template: Path, work: Path, args: argparse.Namespace) -> dict:
                 break
             time.sleep(0.5)
         if cpu1 is not None and watcher.poll() is None:
-            cpu1 = (cpu_s(watcher.pid), cpu1[1])  # the last judgement included
+            cpu1 = (cpu_s(watcher.pid), cpu1[1], status(port))  # the last judgement included
     finally:
         watcher.send_signal(signal.SIGINT)
         try:
@@ -202,6 +202,24 @@ def lag(flushed: list[dict], samples: list[tuple[float, dict]], key: str) -> lis
         if seen is not None:
             out.append(max(0.0, seen - f["at"]))
     return out
+
+
+def phases(first: dict, last: dict | None, steps: int, step_s: float) -> None:
+    """The watcher's own account of its CPU (/status cpu_s) over the same steps, per phase and job step.
+    Listing is paid per poll (--poll 1: one a second), the rest per step: at the job's --step-s a step
+    costs the other phases plus step-s polls, whatever rate this writer held."""
+    if last is None or "cpu_s" not in first or "cpu_s" not in (last or {}):
+        return
+    spent = {k: last["cpu_s"][k] - first["cpu_s"].get(k, 0.0) for k in last["cpu_s"]}
+    polls = max(1, last["polls"] - first["polls"])
+    per_poll = spent["listing"] / polls
+    rest = sum(v for k, v in spent.items() if k != "listing") / max(1, steps)
+    print("\nper phase (the watcher's /status cpu_s, same span), CPU s per job step; listing also per poll")
+    print("\n| listing | reading | summarizing | judging | polls / job step | listing / poll | "
+          f"at {1 / step_s:g} step/s: phases + {step_s:g} poll(s) a step |")
+    print("|---|---|---|---|---|---|---|")
+    print("| " + " | ".join(f"{spent[k] / max(1, steps):.2f}" for k in ("listing", "reading", "summarizing", "judging"))
+          + f" | {polls / max(1, steps):.1f} | {per_poll:.3f} | {rest + per_poll * step_s:.2f} |")
 
 
 def latency_16() -> list[str]:
@@ -264,6 +282,7 @@ def main() -> int:
           f"{statistics.median(judged):.1f} / {max(judged):.1f} | {st.get('judge_cpu_s', 0):.1f} | {load(0)} |"
           if ingest and judged else f"| {args.ranks} | {steps} | {per_step:.2f} | - | - | - | {load(0)} |")
     found = [line for line in r["stdout"].splitlines() if "NEW" in line]
+    phases(cpu0[3], cpu1[2] if len(cpu1) > 2 else None, steps, args.step_s)
     print("\nannounced:", *(found or ["nothing"]), sep="\n  ")
     if not args.no_latency:
         print("\n| 16 ranks (watch_latency.py, seed 0) | latency (steps) | false | tick median s | tick max s |")

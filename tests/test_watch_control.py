@@ -8,6 +8,7 @@ address off loopback without a token is refused before anything is bound."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -121,6 +122,9 @@ def test_settings_status_and_webhook_change_while_it_runs(tmp_path):
         assert status["following"]["waiting_for_run_json"] is False and status["progress"]["world"] == 8
         assert status["open_findings"] == [] and status["behind"]["steps"] == 0 and status["ticks"] >= 1
         assert status["behind"]["pending_segments"] == 0 and status["behind"]["last_tick_lag_s"] >= 0
+        spent = status["cpu_s"]  # where its CPU went: every phase ran, none counted twice
+        assert set(spent) == {"listing", "reading", "summarizing", "judging"} and min(spent.values()) > 0
+        assert status["polls"] >= status["ticks"] and sum(spent.values()) < status["uptime_s"] * os.cpu_count()
 
         # back to the defaults and a webhook added: the straggler is found and delivered, no restart
         code, _ = call(port, "/settings", {"webhook": f"http://127.0.0.1:{hook.server_port}/hook",

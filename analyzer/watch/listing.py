@@ -5,7 +5,8 @@ after the highest after a restart (tracer/sink.py). A folder seen for the first 
 after that the poll asks only whether its next name exists (one stat per rank and table), so a poll
 costs O(ranks), not O(segments written so far): at 12,288 ranks x 100 flushes a full listing scans
 2.5 M names. Every `full_every_s` each folder is listed whole again, which catches names out of that
-order (a foreign or hand-made file).
+order (a foreign or hand-made file). The stat is `os.access` on a prebuilt string path: through pathlib
+an idle poll of 12,288 ranks (24,576 probes) took 0.30 CPU-s, this way 0.09 (load ~9).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ class SegmentLister:
         """Per folder (table/rank=NNNNN): the index the tracer writes next (the first missing one)."""
         self._extra: dict[str, set[str]] = {}
         """Per folder: the names seen past the next index (out of order, or not the tracer's)."""
+        self._prefix: dict[str, str] = {}
+        """Per folder: its absolute path and a separator, what a probe's name is appended to."""
         self._listed_at = time.monotonic()
 
     def new(self) -> list[str]:
@@ -70,11 +73,14 @@ class SegmentLister:
         """The segments from the next index on, one stat each, until the first missing one."""
         out: list[str] = []
         nxt, extra = self._next[folder], self._extra[folder]
+        prefix = self._prefix.get(folder)
+        if prefix is None:
+            prefix = self._prefix[folder] = os.path.join(self.path, folder, "")
         while True:
             name = segment_name(nxt)
             if name in extra:
                 extra.discard(name)
-            elif os.path.exists(self.path / folder / name):
+            elif os.access(prefix + name, os.F_OK):
                 out.append(f"{folder}/{name}")
             else:
                 break

@@ -57,6 +57,7 @@ def status_of(watcher: Watcher) -> dict[str, Any]:
                           for f in open_now],
         "ticks": state.ticks, "errors": state.errors, "uptime_s": now - watcher.started_at,
         "judge_cpu_s": state.judge_cpu_s,
+        "cpu_s": dict(state.cpu_s), "polls": state.polls,
         "late_rows": follower.late_rows if follower is not None else 0,
     }
 

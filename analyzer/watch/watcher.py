@@ -22,13 +22,14 @@ A tick that fails is logged, counted and retried with backoff; the watcher keeps
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +57,10 @@ from megascope.analyzer.watch.tracker import Tracker, key_of
 from megascope.analyzer.watch.window import LiveStore, WindowResult, analyze_full, judge_window
 from megascope.tracer import run_dir as rd
 
+CPU_PHASES = ("listing", "reading", "summarizing", "judging")
+"""Where a watcher's CPU goes (WatchState.cpu_s, /status): the polls' look for new segments and in-flight
+records; taking the new segments in (LiveRows.add); summarizing complete steps (LiveRows.summarize, the
+heatmap's summary included); judging windows (the detectors, the onset look-up, the pins)."""
 MAX_RETRY_S = 60.0
 """A tick that keeps failing is retried at most this far apart (not every poll: the log stays readable)."""
 LOOKBACK_WINDOWS = 3
@@ -98,6 +103,9 @@ class WatchState:
     """The last step summarized (LiveRows.done_through)."""
     judge_cpu_s: float = 0.0
     """CPU seconds of the last judgement."""
+    cpu_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CPU_PHASES, 0.0))
+    """CPU seconds spent so far (the whole process's, DuckDB's threads included) per phase, CPU_PHASES."""
+    polls: int = 0
     inflight: frozenset = frozenset()
     changed_at: float = field(default_factory=time.monotonic)
     progress: Progress | None = None
@@ -196,8 +204,10 @@ class Watcher:
                 self.log(f"waiting for {self.path / rd.MANIFEST}")
                 self._waiting = True
             return False
-        self._pending += self.lister.new()
-        inflight = self._inflight()
+        with self._spent("listing"):
+            self._pending += self.lister.new()
+            inflight = self._inflight()
+        self.state.polls += 1
         now = time.monotonic()
         changed = bool(self._pending) or inflight != self.state.inflight
         self.state.pending = len(self._pending) + (inflight != self.state.inflight)
@@ -229,7 +239,8 @@ class Watcher:
     def tick(self, inflight: frozenset) -> None:
         rows = self._start()
         new, self._pending = self._pending, []
-        rows.add(new)  # taken in, whatever happens next: a retry must not add them twice
+        with self._spent("reading"):
+            rows.add(new)  # taken in, whatever happens next: a retry must not add them twice
         progress = rows.progress()
         self.state.progress = progress
         m = self.metrics
@@ -238,7 +249,8 @@ class Watcher:
         m.finished.set(1 if progress.finished else 0)
         cfg = self.cfg  # one tick, one config: a change over HTTP takes effect from the next tick
         rows.keep, rows.keep_collectives = cfg.window * (1 + LOOKBACK_WINDOWS), 2 * cfg.window
-        step = rows.summarize(final=progress.finished)
+        with self._spent("summarizing"):
+            step = rows.summarize(final=progress.finished)
         hang_changed = inflight != self.state.inflight
         if step is None or (step == self.state.analyzed_step and not hang_changed):
             return
@@ -246,7 +258,8 @@ class Watcher:
             self.state.summarized_step = step
             m.step_advanced(step)
             if self.cfg.summary:  # the dashboard's heatmap: extended from the new steps only
-                Run.open(self.path, threads=self.cfg.threads).refresh_summary()
+                with self._spent("summarizing"):
+                    Run.open(self.path, threads=self.cfg.threads).refresh_summary()
         if not hang_changed and not self._judge_due(step):
             return
         cpu = time.process_time()
@@ -260,6 +273,7 @@ class Watcher:
         quarter = cfg.window // 4  # _first_step's reach before an onset
         rows.pin([(f.steps[0] - quarter, f.steps[0] + quarter) for f in self.tracker.open.values() if f.kind != "hang"])
         self.state.judge_cpu_s = time.process_time() - cpu
+        self.state.cpu_s["judging"] += self.state.judge_cpu_s
         self._window_metrics(m, window, step)
         m.ticks.inc()
         steps_new = sorted((p for p in new if p.startswith("steps/")), key=lambda p: p.rsplit("/", 1)[-1])
@@ -267,6 +281,15 @@ class Watcher:
                                                       default=time.time()))
         m.lag.set(self.state.lag_s)
         self.state.ticks, self.state.last_tick_at = self.state.ticks + 1, time.monotonic()
+
+    @contextlib.contextmanager
+    def _spent(self, phase: str) -> Iterator[None]:
+        """Adds the CPU seconds of the block to state.cpu_s[phase] (also when it raises)."""
+        cpu = time.process_time()
+        try:
+            yield
+        finally:
+            self.state.cpu_s[phase] += time.process_time() - cpu
 
     def _first_step(self, step: int) -> int:
         """The judged window's first step: `window` steps back, or, while a finding is open, from a

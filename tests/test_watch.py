@@ -375,3 +375,9 @@ def test_lister_finds_each_segment_once_in_write_order_and_odd_names(tmp_path):
     land("other.parquet")  # not the tracer's name: found by the next whole listing
     lister.full_every_s = 0
     assert lister.new() == ["steps/rank=00003/other.parquet"] and lister.new() == []
+    lister.full_every_s = 3600
+    assert lister.new() == []  # the rank folders as listed before
+    later = tmp_path / "steps" / "rank=00004"  # a rank that starts late: its table's folder changed
+    later.mkdir()
+    (later / "seg-000000.parquet").write_bytes(b"")
+    assert lister.new() == ["steps/rank=00004/seg-000000.parquet"] and lister.new() == []

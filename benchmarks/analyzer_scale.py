@@ -12,8 +12,9 @@ Targets (issue 28): the 100-step raw analysis at most 3x its plain scan; the 1,0
 30 s and 3 GB. The wall time depends on what else runs on the 2-core machine: the tables give the load
 average and each process's CPU seconds (user + sys, all threads) next to it; compare ratios from one run.
 `--phases` also runs each analysis through the Python API in a second fresh process, timing each phase
-(wall and CPU seconds): open, event pass, late arrivals, each detector, hang check, what-if replays, and
-the rest of the report.
+(wall and CPU seconds): open, event pass (and its DuckDB statements by the table each makes: reading and
+aggregating per derived table), late arrivals, each detector, hang check, what-if replays, and the rest of
+the report.
 
 `--edge` adds the summaries-at-the-edge case: a --edge-steps job of the same layout written by
 samples/edge_gen.py (a streaming generator of the tables each rank's tracer would write: edge_rank_step,
@@ -135,6 +136,34 @@ def engines(out: Path, workers_tried: list[int]) -> list[tuple[str, str, str, st
     return rows
 
 
+class _StatementTimer:
+    """A DuckDB connection that adds each statement's wall and CPU seconds to `out` under "  event pass:
+    <the table it makes>" (CREATE ... TABLE x / INSERT INTO x; "(other)" else): where the event pass's
+    time goes, reading vs aggregating, per derived table."""
+
+    def __init__(self, con, cpu, out: dict[str, list[float]]) -> None:
+        self.con, self._cpu, self._out = con, cpu, out
+
+    def execute(self, sql: str, *args, **kwargs):
+        words = sql.split()
+        upper = [w.upper() for w in words]
+        name = "(other)"
+        for marker in ("TABLE", "INTO"):
+            if marker in upper[:6] and not upper[0].startswith(("DROP", "ALTER")):
+                name = words[upper.index(marker) + 1]
+                break
+        w, c = time.perf_counter(), self._cpu()
+        try:
+            return self.con.execute(sql, *args, **kwargs)
+        finally:
+            acc = self._out.setdefault(f"  event pass: {name}", [0.0, 0.0])
+            acc[0] += time.perf_counter() - w
+            acc[1] += self._cpu() - c
+
+    def __getattr__(self, attr: str):
+        return getattr(self.con, attr)
+
+
 def phases(run_dir: str) -> dict[str, tuple[float, float]]:
     """Per-phase (wall s, CPU s) of build_report(run) on a fresh Run (called in a child process)."""
     from megascope.analyzer import Run, build_report
@@ -159,7 +188,12 @@ def phases(run_dir: str) -> dict[str, tuple[float, float]]:
 
     w0, c0 = time.perf_counter(), cpu()
     run = timed("open", Run.open)(run_dir)
-    timed("event pass", run.derived.rank_step)()
+    store = run.store
+    store.con = _StatementTimer(store.con, cpu, out)  # the event pass's own split, by statement
+    try:
+        timed("event pass", run.derived.rank_step)()
+    finally:
+        store.con = store.con.con
     timed("late arrivals", run.derived.late_arrivals)()
     for det in run.detectors:
         det.detect = timed(f"detect: {type(det).__name__}", det.detect)
@@ -168,11 +202,14 @@ def phases(run_dir: str) -> dict[str, tuple[float, float]]:
     timed("report", build_report)(run)
     rest = out.pop("report")
     before = ("open", "event pass", "late arrivals")  # timed before the report, outside it
-    inner = [sum(v[i] for k, v in out.items() if k not in before) for i in (0, 1)]
+    inner = [sum(v[i] for k, v in out.items() if k not in before and not k.startswith("  ")) for i in (0, 1)]
     out["report (the rest)"] = [rest[0] - inner[0], rest[1] - inner[1]]
     out["total"] = [time.perf_counter() - w0, cpu() - c0]
     out["peak RSS (MiB)"] = [resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 0.0]
-    return {k: (round(v[0], 2), round(v[1], 2)) for k, v in out.items()}
+    split = [k for k in out if k.startswith("  ")]  # the event pass's statements, listed under it
+    order = [k for k in out if k not in split]
+    order[order.index("event pass") + 1:order.index("event pass") + 1] = split
+    return {k: (round(out[k][0], 2), round(out[k][1], 2)) for k in order}
 
 
 # ---- summaries at the edge: the 12,288 x 100 run summarized, then tiled to 1,000 steps -------------------

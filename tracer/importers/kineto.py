@@ -21,10 +21,11 @@
 Bounded memory, whatever the size of a file: it is streamed (json_stream), files are read in parallel
 processes (`jobs`), and what is kept of each event (steps, runs of ops per thread, comm ops, GPU
 activity and launches) goes to the file's spool (spool.py: temporary Parquet parts). The rank is then
-converted from its spool by DuckDB queries read back in sorted batches (spilling to disk under a
-memory limit): ops painted by a streaming sweep, comm ops matched to their executions in one pass,
-rows flushed to the segment writer in batches. What grows with the trace is on disk; in memory only
-the step table (24 bytes a step) and the writer's buffer of `flush_rows` rows.
+converted from its spool by DuckDB queries read back in sorted batches, one window of start times at
+a time (spool.sorted_batches; spilling to disk under a memory limit): ops painted by a streaming
+sweep, comm ops matched to their executions in one pass, rows flushed to the segment writer in
+batches. What grows with the trace is on disk; in memory only the step table (24 bytes a step) and
+the writer's buffer of `flush_rows` rows.
 """
 
 from __future__ import annotations
@@ -230,9 +231,9 @@ def _spans(con: Any, folder: str, tid: str, batch_rows: int = 8_192) -> Iterator
     spans = sp.parts(folder, "span")
     if spans is None:
         return
-    reader = con.sql('SELECT start, "end", cls FROM read_parquet($p) WHERE tid = $tid ORDER BY start',
-                     params={"p": spans, "tid": tid}).to_arrow_reader(batch_rows)
-    for batch in reader:
+    batches = sp.sorted_batches(con, 'start, "end", cls', "read_parquet($p)", "tid = $tid", "start",
+                                {"p": spans, "tid": tid}, batch_rows)
+    for batch in batches:
         yield from zip(*(batch.column(i).to_pylist() for i in range(3)))
 
 

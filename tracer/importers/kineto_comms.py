@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow as pa
 
 from megascope.tracer.importers import kineto_ops as ko
-from megascope.tracer.importers.spool import Spool
+from megascope.tracer.importers.spool import Spool, sorted_batches
 
 COMMS = pa.schema([("ord", pa.int64()), ("tid", pa.string()), ("start", pa.int64()), ("end", pa.int64()),
                    ("name", pa.string()), ("raw", pa.string()), ("numel", pa.int64()),
@@ -118,19 +118,17 @@ def parse_ranks(value: Any) -> list[int] | None:
 
 
 # ---- reading back ------------------------------------------------------------------------------
-SELECT_SORTED = """
-SELECT tid, start, "end", name, raw, numel, elem_bytes, peer_local, group_ranks, seq
-FROM read_parquet($comms)
-WHERE raw LIKE 'gloo:%' OR raw LIKE 'nccl:%' OR list_contains($main_tids, tid)
-ORDER BY start, ord
-"""
-"""The ops that matter to a rank (executions on any thread, issues on the main threads), by start."""
+COLUMNS = 'tid, start, "end", name, raw, numel, elem_bytes, peer_local, group_ranks, seq'
+"""The spooled ops' columns, in Comm's field order."""
+THAT_MATTER = "raw LIKE 'gloo:%' OR raw LIKE 'nccl:%' OR list_contains($main_tids, tid)"
+"""The ops that matter to a rank: executions on any thread, issues on the main threads."""
 
 
 def rows(con: Any, comms: str, main_tids: list[str], batch_rows: int = 8_192) -> Iterator[Comm]:
-    """The spooled ops of SELECT_SORTED, as Comm, in batches."""
-    reader = con.sql(SELECT_SORTED, params={"comms": comms, "main_tids": main_tids}).to_arrow_reader(batch_rows)
-    for batch in reader:
+    """The spooled ops that matter, as Comm, by start (file order among equal starts), in batches."""
+    batches = sorted_batches(con, COLUMNS, "read_parquet($comms)", THAT_MATTER, "start, ord",
+                                {"comms": comms, "main_tids": main_tids}, batch_rows)
+    for batch in batches:
         for r in zip(*(batch.column(i).to_pylist() for i in range(batch.num_columns))):
             yield Comm(*r)
 

@@ -1,8 +1,9 @@
 """Writing an imported trace as a run directory: the same Parquet segments, run.json and in-flight
 records the tracer writes, so `analyze`, `export` and `dashboard` cannot tell an import from a trace.
 
-Rows are buffered per rank in plain Python lists and flushed through the tracer's own
-`ParquetSegmentSink` every `flush_rows` rows, so memory stays bounded whatever the size of the dump.
+Rows are buffered per rank column by column (`_Columns`: numbers in typed arrays, 8 bytes a value) and
+flushed through the tracer's own `ParquetSegmentSink` every `flush_rows` rows, so memory stays bounded
+whatever the size of the dump.
 run.json records where the data came from: `"source": "import:<format>"` and `"import"` (the source
 files, their sizes, the options used, every warning and note raised while reading).
 
@@ -18,6 +19,7 @@ import os
 import shutil
 import time
 import uuid
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,14 +36,49 @@ class ImportInputError(ValueError):
     """The input cannot be imported; the message says what was expected and what to do."""
 
 
-_EVENT_COLUMNS = [f.name for f in EVENTS]
-_STEP_COLUMNS = [f.name for f in STEPS]
+FLUSH_ROWS = 32_768
+"""Rows of a rank's table buffered before a segment is written. With 131 k, a single-rank Kineto file's
+import peaked 20-50 MB higher at 2 GB of JSON (137 k events) than at 0.5 GB (34 k): the buffer and its
+conversion to Arrow at the flush grew until the cap (benchmarks/import_memory.py --single-gb)."""
+
+
+class _Columns:
+    """One table's buffered rows, column by column: integers and floats in typed arrays (8 bytes a value;
+    a list of Python ints costs ~36 bytes a value, and the 131 k-row event buffer of lists added ~40 MB
+    to an import's peak RSS), strings as references to the callers' str objects."""
+
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.columns: list[Any] = [array("q") if pa.types.is_integer(f.type) else
+                                   array("d") if pa.types.is_floating(f.type) else [] for f in schema]
+
+    def append(self, row: tuple) -> None:
+        """One row, its values in schema order."""
+        for column, value in zip(self.columns, row):
+            column.append(value)
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def table(self) -> pa.Table:
+        """The rows as a table of the schema's types (numeric columns read in place, then cast)."""
+        return pa.Table.from_arrays([_arrow(column, f.type) for column, f in zip(self.columns, self.schema)],
+                                    schema=self.schema)
+
+
+def _arrow(column: Any, dtype: pa.DataType) -> pa.Array:
+    """A buffered column as an Arrow array of `dtype` (a typed array's buffer wrapped without a copy,
+    then cast to the schema's width)."""
+    if isinstance(column, array):
+        wide = pa.int64() if column.typecode == "q" else pa.float64()
+        return pa.Array.from_buffers(wide, len(column), [None, pa.py_buffer(column)]).cast(dtype)
+    return pa.array(column, dtype)
 
 
 class RunWriter:
     """Buffers events/steps per rank and writes them as segments of the run directory `out`."""
 
-    def __init__(self, out: str | Path, fmt: str, flush_rows: int = 131_072, inputs: int = 0,
+    def __init__(self, out: str | Path, fmt: str, flush_rows: int = FLUSH_ROWS, inputs: int = 0,
                  progress: Callable[[str, int, int], None] | None = None) -> None:
         self.final = Path(out)
         _check_out(self.final)
@@ -60,8 +97,8 @@ class RunWriter:
         """How an input was read when it lacked something (no rank, no steps): not a problem, but the user
         should know what was assumed."""
         self.sources: list[dict[str, Any]] = []
-        self._events: dict[int, dict[str, list]] = {}
-        self._steps: dict[int, dict[str, list]] = {}
+        self._events: dict[int, _Columns] = {}
+        self._steps: dict[int, _Columns] = {}
         self._sinks: dict[int, ParquetSegmentSink] = {}
         self.rows_written = {"events": 0, "steps": 0, "kernels": 0}
         self.inputs = inputs
@@ -72,28 +109,22 @@ class RunWriter:
     def event(self, rank: int, step: int, name: str, kind: str, start_ns: int, end_ns: int,
               issue_ns: int | None = None, microbatch: int = -1, chunk: int = -1, group: str = "",
               seq: int = -1, peer: int = -1, nbytes: int = 0) -> None:
-        cols = self._events.get(rank)
-        if cols is None:
-            cols = self._events[rank] = {c: [] for c in _EVENT_COLUMNS}
-        for col, value in (("rank", rank), ("step", step), ("microbatch", microbatch), ("chunk", chunk),
-                           ("name", name), ("kind", kind), ("group", group), ("seq", seq), ("peer", peer),
-                           ("bytes", nbytes), ("issue_ns", start_ns if issue_ns is None else issue_ns),
-                           ("start_ns", start_ns), ("end_ns", max(end_ns, start_ns))):
-            cols[col].append(value)
-        if len(cols["rank"]) >= self.flush_rows:
+        rows = self._events.get(rank)
+        if rows is None:
+            rows = self._events[rank] = _Columns(EVENTS)
+        rows.append((rank, step, microbatch, chunk, name, kind, group, seq, peer, nbytes,
+                     start_ns if issue_ns is None else issue_ns, start_ns, max(end_ns, start_ns)))
+        if len(rows) >= self.flush_rows:
             self._flush(rank, "events")
 
     def step(self, rank: int, step: int, start_ns: int, end_ns: int, tokens: int = 0,
              loss: float = math.nan, lr: float = math.nan, grad_norm: float = math.nan,
              model_flops: float = 0.0) -> None:
-        cols = self._steps.get(rank)
-        if cols is None:
-            cols = self._steps[rank] = {c: [] for c in _STEP_COLUMNS}
-        for col, value in (("rank", rank), ("step", step), ("start_ns", start_ns), ("end_ns", end_ns),
-                           ("tokens", tokens), ("loss", loss), ("lr", lr), ("grad_norm", grad_norm),
-                           ("model_flops", model_flops), ("dropped_events", 0)):
-            cols[col].append(value)
-        if len(cols["rank"]) >= self.flush_rows:
+        rows = self._steps.get(rank)
+        if rows is None:
+            rows = self._steps[rank] = _Columns(STEPS)
+        rows.append((rank, step, start_ns, end_ns, tokens, loss, lr, grad_norm, model_flops, 0))
+        if len(rows) >= self.flush_rows:
             self._flush(rank, "steps")
 
     def table(self, rank: int, table: str, batch: pa.Table) -> None:
@@ -153,17 +184,16 @@ class RunWriter:
     # ---- flushing ---------------------------------------------------------------------------
     def _flush(self, rank: int, table: str) -> None:
         buffers = self._events if table == "events" else self._steps
-        cols = buffers.get(rank)
-        if not cols or not cols["rank"]:
+        rows = buffers.get(rank)
+        if not rows:
             return
-        schema = EVENTS if table == "events" else STEPS
-        batch = pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)
+        batch = rows.table()
         sink = self._sinks.get(rank)
         if sink is None:
             sink = self._sinks[rank] = ParquetSegmentSink(self.out, rank)
         sink.write(table, batch)
         self.rows_written[table] += batch.num_rows
-        buffers[rank] = {c: [] for c in cols}
+        buffers[rank] = _Columns(rows.schema)
 
     def flush_rank(self, rank: int) -> None:
         self._flush(rank, "events")

@@ -418,14 +418,19 @@ def edge_cases(args: argparse.Namespace, raw: dict) -> None:
           "<= 3x its plain scan; generated 1,000 steps < 30 s and < 3,072 MiB):\n")
     _print_cases(cases, raw_findings, gen["faults"])
     if args.phases:
+        load = os.getloadavg()[0]
         results = [(c["label"], _phases_child(c["run"])) for c in cases]
+        load = max(load, os.getloadavg()[0])
         names = list(dict.fromkeys(k for _, r in results for k in r))
-        print("\nPhases (Python API, fresh process each; wall / CPU s):\n")
+        print(f"\nPhases (Python API, fresh process each; wall / CPU s; load average {load:.1f}):\n")
         print("| phase | " + " | ".join(label for label, _ in results) + " |\n|---" * 1 + "|---" * len(results) + "|")
         for name in names:
             cells = []
             for _, r in results:
-                w, c = r.get(name, (float("nan"), 0.0))
+                if name not in r:  # a statement the other case's pass does not run
+                    cells.append("-")
+                    continue
+                w, c = r[name]
                 cells.append(f"{w:,.0f}" if "MiB" in name else f"{w:,.1f} / {c:,.1f}")
             print(f"| {name} | " + " | ".join(cells) + " |")
 

@@ -362,22 +362,18 @@ def edge_summaries_cover(store: Store) -> bool:
 
 def from_edge_summaries(store: Store, base: int) -> bool:
     """The event pass's tables from the edge summaries, when they cover the run (edge_summaries_cover,
-    checked on the rank_step rows read here: one scan of edge_rank_step): rank_step (joined to the
-    topology), _p2p_peer_step from the ranks' peer rows (a table: the p2p analyses scan it three times;
-    as a view of the 24k files at 12,288 x 1,000 those scans took 50 s instead of 26), and collective_instances
-    from the ranks' collective rows, per batch of ranks (edge_collectives.sql: the flat pass's partial
-    rows in one aggregation of the batch's members; then split_partials and merge_partials, as the
-    event pass). Returns False, leaving no table, when they do not cover it (or a damaged segment was
+    checked on the rank_step rows read here: one scan of edge_rank_step): collective_instances from the
+    ranks' collective rows, per batch of ranks (edge_collectives.sql: the flat pass's partial rows in one
+    aggregation of the batch's members; then split_partials and merge_partials, as the event pass),
+    rank_step (joined to the topology), and _p2p_peer_step from the ranks' peer rows (a table: the p2p
+    analyses scan it three times; as a view of the 24k files at 12,288 x 1,000 those scans took 50 s
+    instead of 26). Returns False, leaving no table, when they do not cover it (or a damaged segment was
     found in them: the raw events are the truth then)."""
     define_sql(store)
-    store.execute("CREATE OR REPLACE TEMP TABLE rank_step AS FROM rank_step_of_edge('edge_rank_step')")
-    done = store.query("SELECT count(DISTINCT rank) AS n FROM rank_step WHERE final").n.iloc[0]
-    if not (_edge_readable(store) and int(done) == _summarized_ranks(store) > 0):
-        store.execute("DROP TABLE rank_step")
-        return False
-    store.execute("ALTER TABLE rank_step DROP COLUMN final")  # rank_step.sql's columns (instant)
-    store.execute(f"CREATE OR REPLACE TEMP TABLE _p2p_peer_step AS SELECT {_P2P_SELECT} FROM edge_peer_step "
-                  "WHERE peer >= 0")
+    # the collectives first, while DuckDB holds no other table: after rank_step (2.4 GB uncompressed at
+    # 12,288 x 1,000, near the 2.5 GB limit) the 13 batches' aggregations took 66-70 CPU s (3 runs, two
+    # orders), first 58-62 (2 runs); the whole pass 82-87 CPU s instead of 86-98 (load 7-12). A run the
+    # summaries do not cover (a rank killed before close) loses that work to the raw pass that follows.
     plan = PassPlan(int(base), True, False, LayoutParams.of(store))
     prefixes = store.rank_prefix_batches(BATCH_RANKS, ("edge_collectives",))
     batches: list[list[str] | None] = [*prefixes] if prefixes else [None]
@@ -387,10 +383,22 @@ def from_edge_summaries(store: Store, base: int) -> bool:
     merge_partials(store, EVENT_PASS_TABLES, plan.base)
     store.execute("DROP TABLE _batch_partials")
     if store.damaged:  # found in edge_collectives: a member's rows are missing
-        for name in ("rank_step", "_p2p_peer_step", "collective_instances"):
-            store.execute(f"DROP TABLE {_table(name)}")
-        return False
-    return True
+        return _drop_edge_tables(store)
+    store.execute("CREATE OR REPLACE TEMP TABLE rank_step AS FROM rank_step_of_edge('edge_rank_step')")
+    done = store.query("SELECT count(DISTINCT rank) AS n FROM rank_step WHERE final").n.iloc[0]
+    if not (_edge_readable(store) and int(done) == _summarized_ranks(store) > 0):
+        return _drop_edge_tables(store)
+    store.execute("ALTER TABLE rank_step DROP COLUMN final")  # rank_step.sql's columns (instant)
+    store.execute(f"CREATE OR REPLACE TEMP TABLE _p2p_peer_step AS SELECT {_P2P_SELECT} FROM edge_peer_step "
+                  "WHERE peer >= 0")
+    return not store.damaged or _drop_edge_tables(store)
+
+
+def _drop_edge_tables(store: Store) -> bool:
+    """Drop what from_edge_summaries made so far; False (the summaries do not stand for the run)."""
+    for name in ("rank_step", "_p2p_peer_step", "collective_instances"):
+        store.execute(f"DROP TABLE IF EXISTS {_table(name)}")
+    return False
 
 
 def from_edge_summaries_by(store: Store, base: int, engine: Engine, progress: Progress | None = None) -> bool:

@@ -371,9 +371,9 @@ def from_edge_summaries(store: Store, base: int) -> bool:
     found in them: the raw events are the truth then)."""
     define_sql(store)
     # the collectives first, while DuckDB holds no other table: after rank_step (2.4 GB uncompressed at
-    # 12,288 x 1,000, near the 2.5 GB limit) the 13 batches' aggregations took 66-70 CPU s (3 runs, two
-    # orders), first 58-62 (2 runs); the whole pass 82-87 CPU s instead of 86-98 (load 7-12). A run the
-    # summaries do not cover (a rank killed before close) loses that work to the raw pass that follows.
+    # 12,288 x 1,000, near the 2.5 GB limit) the 13 batches' aggregations took 60-70 CPU s (4 runs),
+    # first 52-62 (3 runs); the whole pass 84-98 CPU s, first 81-87 (load 5-12). A run the summaries
+    # do not cover (a rank killed before close) loses that work to the raw pass that follows.
     plan = PassPlan(int(base), True, False, LayoutParams.of(store))
     prefixes = store.rank_prefix_batches(BATCH_RANKS, ("edge_collectives",))
     batches: list[list[str] | None] = [*prefixes] if prefixes else [None]

@@ -467,7 +467,9 @@ def main() -> int:
     if args.regenerate or not (out / "run.json").exists() or \
             json.loads((out / "run.json").read_text())["topology"]["world"] != world:
         shutil.rmtree(out, ignore_errors=True)
-        shutil.rmtree(args.edge_out, ignore_errors=True)  # built from this run
+        # the summarized case was built from this run (the generated one was not: it stays)
+        shutil.rmtree(Path(args.edge_out) / "summarized", ignore_errors=True)
+        (Path(args.edge_out) / "summarized.json").unlink(missing_ok=True)
         from megascope.samples.simulator import SimConfig, simulate
         t = time.perf_counter()
         simulate(out, SimConfig(dp=args.dp, tp=args.tp, pp=args.pp, steps=args.steps,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 
@@ -91,3 +93,56 @@ def test_candidates_keep_every_stretch_that_passes():
     candidates = det._candidates(excess, own, net)
     assert 5 in passing and set(passing) <= set(candidates)
     assert len(candidates) < len(excess)  # a screen, not everyone
+
+
+def _dense(seed: int, ranks: int = 24, steps: int = 60) -> pd.DataFrame:
+    """_matrix without NaN (every rank at every step): the partition path of the peer medians."""
+    rng = np.random.default_rng(seed)
+    x = np.round(rng.lognormal(-3, 0.3, (ranks, steps)), 3)  # coarser: more ties
+    return pd.DataFrame(x, index=pd.Index(np.arange(ranks) * 3 + 1, name="rank"))
+
+
+def test_excess_without_nan_is_the_peer_median_rank_by_rank():
+    for seed in range(5):
+        for ranks in (2, 3, 5, 24, 25):  # stages of one to seven ranks, odd and even
+            own = _dense(seed, ranks)
+            topo = _topo(own.index)
+            want, got = _excess_one_by_one(own, topo), lt._excess(own, topo)
+            assert list(got) == list(want)
+            for rank in want:
+                np.testing.assert_array_equal(got[rank], want[rank])
+
+
+def test_peer_excess_is_the_peer_median_rank_by_rank():
+    """_PeerExcess (the replica test's and the finding's compute excess) against the pandas median of the
+    stage peers it replaced, asked in any order, the one-rank stage (NaN) included."""
+    for seed in range(3):
+        for work in (_matrix(seed), _dense(seed)):
+            topo = _topo(work.index)
+            got = lt._PeerExcess(work, topo)
+            for rank in reversed(work.index):
+                peers = topo.index[(topo.pp == topo.pp[rank]) & (topo.index != rank)]
+                want = (work.loc[rank] - work.loc[peers].median(axis=0)).to_numpy()
+                np.testing.assert_array_equal(got(int(rank)), want)
+
+
+def test_nanmedian_matches_numpy_along_either_axis():
+    rng = np.random.default_rng(3)
+    for x in (_matrix(4).to_numpy(), _dense(4).to_numpy(), np.round(rng.normal(0, 1, (40, 700)), 2)):
+        y = x.copy()
+        y[:, 5] = np.nan  # a step nobody has: the rows' common gap
+        for m in (x, y):
+            for axis in (0, 1):
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    want = np.nanmedian(m, axis=axis)
+                np.testing.assert_array_equal(lt._nanmedian(m, axis=axis), want)
+
+
+def test_growth_matches_the_frame_medians():
+    for wait in (_matrix(5), _dense(5)):
+        plus = wait * 0.5
+        ranks = [int(r) for r in wait.index[::2]]
+        w = (wait + plus).loc[ranks]
+        want = np.nan_to_num((w.sub(w.median(axis=1), axis=0)).median(axis=0).to_numpy())
+        np.testing.assert_array_equal(lt._growth(wait, ranks, plus), want)

@@ -24,7 +24,6 @@ and goes, one charged a trifle of the run goes, the rest get their cost.
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,13 +32,12 @@ import pandas as pd
 from megascope.analyzer.data.store import Store
 from megascope.analyzer.detect.context import DetectContext
 from megascope.analyzer.detect.episodes import runs
-from megascope.analyzer.detect.peer_stats import warmup_from_medians
+from megascope.analyzer.detect.peer_stats import drop_warmup, fetch_grid
 from megascope.analyzer.detect.stragglers import DATA_WORK_SHARE
 from megascope.analyzer.findings import Finding, Kind, hosts_of
 from megascope.analyzer.settings import LostTimeConfig
 
-COLUMNS = ("rank, step, step_time_s, greatest(step_time_s - recv_s - collective_s, 0) AS own_s, "
-           "forward_s + backward_s AS work_s, recv_s, collective_s")
+EXPRESSIONS = {"own_s": "greatest(step_time_s - recv_s - collective_s, 0)", "work_s": "forward_s + backward_s"}
 """own_s here: every moment of the rank's step it was not waiting for others (compute, data, host time
 inside spans and outside any span: an attached job's untraced host time belongs to its rank too)."""
 MATRICES = ("own_s", "work_s", "recv_s", "collective_s", "step_time_s")
@@ -48,22 +46,18 @@ MATRICES = ("own_s", "work_s", "recv_s", "collective_s", "step_time_s")
 def _matrices(store: Store, warmup_factor: float) -> tuple[dict[str, pd.DataFrame] | None, pd.DataFrame]:
     """Rank x step matrices (ranks and steps ascending, NaN where a rank has no row) of MATRICES over
     the steps after the warm-up, and each rank's place (pp, dp, tp, host); (None, empty) with fewer than
-    two ranks. numpy, not DataFrame.pivot: 12.3 M rank-steps pivot in seconds each, and the topology's
-    strings are read once per rank, not once per rank-step."""
-    rs = store.query(f"SELECT {COLUMNS} FROM rank_step WHERE step_time_s > 0")
-    if rs.empty or rs["rank"].nunique() < 2:
+    two ranks. Placed straight from Arrow results a few hundred ranks at a time (peer_stats.fetch_grid):
+    the 12.3 M rank-steps as one pandas frame, filtered, then placed by np.unique's inverse took 1.3 CPU s
+    at 3,072 ranks x 1,000 steps and held the detector's peak (3.3 GB at 12,288 ranks); the frames wrap
+    the matrices, no copies."""
+    grid = fetch_grid(store, MATRICES, expressions=EXPRESSIONS)
+    if grid is None or len(grid.ranks) < 2:
         return None, pd.DataFrame()
-    per_step = rs.groupby("step").step_time_s.median()
-    warm = warmup_from_medians(per_step.to_numpy(), per_step.index.to_numpy(), warmup_factor)
-    if warm:
-        rs = rs[~rs.step.isin(warm)]
-    ranks, ri = np.unique(rs["rank"].to_numpy(), return_inverse=True)
-    steps, si = np.unique(rs["step"].to_numpy(), return_inverse=True)
-    m = {}
-    for c in MATRICES:
-        a = np.full((len(ranks), len(steps)), np.nan)
-        a[ri, si] = rs[c].to_numpy(dtype=float)
-        m[c] = pd.DataFrame(a, index=pd.Index(ranks, name="rank"), columns=pd.Index(steps, name="step"))
+    grid, warm = drop_warmup(grid, warmup_factor)
+    if grid is None:
+        return None, pd.DataFrame()
+    ranks, steps = pd.Index(grid.ranks, name="rank"), pd.Index(grid.steps, name="step")
+    m = {c: pd.DataFrame(grid.values.pop(c), index=ranks, columns=steps, copy=False) for c in MATRICES}
     # each rank's place as its first analyzed row says (the same on every row of a rank)
     # (the warm-up is a prefix of the steps)
     topo = store.query("SELECT rank, arg_min(pp, step) AS pp, arg_min(dp, step) AS dp, arg_min(tp, step) AS tp, "
@@ -130,7 +124,8 @@ class LostTimeDetector:
             if hit is not None:
                 a, b, ev = hit
                 found.append((int(rank), a, b, d, ev))
-        found = [f for f in found if not self._replica_work(topo, excess, m["work_s"], *f[:3])]
+        work = _PeerExcess(m["work_s"], topo)
+        found = [f for f in found if not self._replica_work(topo, excess, work, *f[:3])]
         inside = net.copy()
         for _, a, b, _, _ in found:
             inside[a:b + 1] = True
@@ -154,10 +149,10 @@ class LostTimeDetector:
         out = []
         for rank, a, b, d, ev in found:
             if float(att.charged[rank].sum()) >= self.cfg.min_cost_share * att.run_s:  # settle's trifle rule
-                out.append(self._rank_finding(store, m, topo, att, rank, a, b, d, ev))
+                out.append(self._rank_finding(store, work, att, rank, a, b, d, ev))
         return out, att
 
-    def _replica_work(self, topo: pd.DataFrame, excess: dict[int, np.ndarray], work: pd.DataFrame, rank: int,
+    def _replica_work(self, topo: pd.DataFrame, excess: dict[int, np.ndarray], work: _PeerExcess, rank: int,
                       a: int, b: int) -> bool:
         """The stretch's excess is its replica's work (longer sequences, more tokens), not the rank's, when
         the rank's compute carries a material part of it (stragglers.DATA_WORK_SHARE) and the replica's
@@ -175,13 +170,10 @@ class LostTimeDetector:
         def shift(d: np.ndarray) -> float:
             return float(np.nanmean(d[mask]) - np.nanmean(d[~mask]))
 
-        def work_excess(r: int) -> np.ndarray:
-            peers = topo.index[(topo.pp == topo.pp[r]) & (topo.index != r)]
-            return (work.loc[r] - work.loc[peers].median(axis=0)).to_numpy()
-        mine = shift(work_excess(rank))
+        mine = shift(work(rank))
         if mine < DATA_WORK_SHARE * shift(excess[rank]):
             return False
-        return float(np.median([shift(work_excess(r)) for r in mates])) >= self.cfg.replica_share * mine
+        return float(np.median([shift(work(r)) for r in mates])) >= self.cfg.replica_share * mine
 
     def _candidates(self, excess: dict[int, np.ndarray], own: pd.DataFrame, net: np.ndarray) -> list[int]:
         """The ranks whose stretch (_stretch) may pass its t and own-growth tests, judged for all ranks
@@ -255,11 +247,9 @@ class LostTimeDetector:
             return None
         return a, b, ev
 
-    def _rank_finding(self, store: Store, m: dict[str, pd.DataFrame], topo: pd.DataFrame, att: Attribution,
-                      rank: int, a: int, b: int, d: np.ndarray, ev: dict) -> Finding:
-        work = m["work_s"]
-        peers = topo.index[(topo.pp == topo.pp[rank]) & (topo.index != rank)]
-        dw = (work.loc[rank] - work.loc[peers].median(axis=0)).to_numpy()
+    def _rank_finding(self, store: Store, work: _PeerExcess, att: Attribution, rank: int, a: int, b: int,
+                      d: np.ndarray, ev: dict) -> Finding:
+        dw = work(rank)
         mask = np.zeros(len(dw), bool)
         mask[a:b + 1] = True
         work_excess = float(np.nanmean(dw[mask]) - np.nanmean(dw[~mask]))
@@ -296,7 +286,7 @@ class LostTimeDetector:
             for row in np.clip(np.nan_to_num(e - _row_nanmedian(e)[:, None]), 0, None):
                 explained = explained + row
         unexplained = np.clip(step_time - base - explained, 0, None)
-        waits = _growth(m["recv_s"] + m["collective_s"], cross)
+        waits = _growth(m["recv_s"], cross, m["collective_s"])
         own = _growth(m["own_s"], cross)
         # "Compute holds" is judged against peers (no rank's excess explains the step), and the cross-host
         # waits must have grown at least as much as those ranks' own time and carry >= 30% of the loss:
@@ -370,6 +360,8 @@ def _median_of_others(x: np.ndarray) -> np.ndarray:
     other rows; NaN where none is left). Exactly: one sort per column, then the middle one or two of
     what is left once row i's value (at its sorted position) is taken out, the pair's mean as (a + b) / 2."""
     n = len(x)
+    if n >= 2 and not np.isnan(x).any():
+        return _median_of_others_dense(x)
     order = np.argsort(x, axis=0, kind="stable")  # NaNs last
     srt = np.take_along_axis(x, order, axis=0)
     pos = np.empty_like(order)
@@ -385,6 +377,46 @@ def _median_of_others(x: np.ndarray) -> np.ndarray:
     lo, hi = kth((left - 1) // 2), kth(left // 2)
     med = np.where(left % 2 == 1, lo, (lo + hi) / 2)
     return np.where(left > 0, med, np.nan)
+
+
+def _median_of_others_dense(x: np.ndarray) -> np.ndarray:
+    """_median_of_others of a matrix without NaN (two rows or more), the same values from a partition of
+    each column around its middle instead of a sort (a 1,536-rank stage's sort was most of the detector's
+    peer medians). The j-th smallest of the others is the column's (j+1)-th when row i's value sorts at or
+    before j, else its j-th; "sorts at or before j" is read from the value, x <= the j-th smallest, which
+    differs from the position only on a tie with the (j+1)-th, where both give the same value."""
+    m = len(x) - 1
+    lo, hi = (m - 1) // 2, m // 2
+    srt = np.partition(x, sorted({lo, lo + 1, hi, hi + 1}), axis=0)
+
+    def remaining(j: int) -> np.ndarray:  # the j-th smallest of the others
+        return np.where(x <= srt[j], srt[j + 1], srt[j])
+
+    return remaining(lo) if lo == hi else (remaining(lo) + remaining(hi)) / 2
+
+
+class _PeerExcess:
+    """Per rank: its row of `m` minus its stage peers' median at each step (NaN steps skipped; NaN without
+    peers), one stage's ranks at a time when first asked (_median_of_others: one sort per stage). The
+    replica test asks for a culprit's mates on every other stage: their peer medians taken rank by rank
+    through pandas (a ~1,500 x 1,000 copy each at 12,288 ranks) took 0.7 of the detector's 3.4 s at
+    3,072 ranks."""
+
+    def __init__(self, m: pd.DataFrame, topo: pd.DataFrame) -> None:
+        self.x = m.to_numpy()
+        self.row = {int(r): i for i, r in enumerate(m.index)}
+        self.stage = topo.pp.reindex(m.index).to_numpy()
+        self.done: dict[int, np.ndarray] = {}
+
+    def __call__(self, rank: int) -> np.ndarray:
+        i = self.row[int(rank)]
+        if i not in self.done:
+            rows = np.flatnonzero(self.stage == self.stage[i])
+            if i not in rows:  # no stage (NaN): no peers
+                rows = np.array([i])
+            diff = self.x[rows] - _median_of_others(self.x[rows])
+            self.done.update(zip(rows.tolist(), diff))
+        return self.done[i]
 
 
 def _max_subarray(x: np.ndarray) -> tuple[int, int]:
@@ -418,17 +450,52 @@ def _max_subarrays(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _row_nanmedian(x: np.ndarray) -> np.ndarray:
     """np.nanmedian of each row (the same values as row by row; NaN for an all-NaN row, silently)."""
-    with np.errstate(all="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        return np.nanmedian(x, axis=1)
+    return _nanmedian(x, axis=1)
 
 
-def _growth(wait: pd.DataFrame, ranks: list[int]) -> np.ndarray:
-    """Per step: the median over `ranks` of the wait above the rank's own median (0 without ranks)."""
+def _nanmedian(x: np.ndarray, axis: int = 1) -> np.ndarray:
+    """np.nanmedian of a matrix along `axis` (the same values; NaN for an all-NaN lane, silently). The
+    lanes without NaN go to np.median together: np.nanmedian makes one Python call per lane of 600
+    values or more (12,288 ranks: ~0.3 s a call of it) and a masked-array sort below that. The rest
+    go to np.nanmedian without the columns that are NaN in all of them (a network episode's steps)."""
+    x = x if axis == 1 else x.T
+    out = np.full(len(x), np.nan)
+    if not x.size:
+        return out
+    nan = np.isnan(x)
+    clean = ~nan.any(axis=1)
+    if clean.all():
+        return np.median(x, axis=1)
+    if clean.any():
+        out[clean] = np.median(x[clean], axis=1)
+    rest = np.flatnonzero(~clean)
+    cols = np.flatnonzero(~nan[rest].all(axis=0))
+    if not len(cols):
+        return out
+    sub = x[np.ix_(rest, cols)]
+    if not np.isnan(sub).any():  # NaN only in lanes' common gaps (a rank without receives: stage 0)
+        out[rest] = np.median(sub, axis=1)
+        return out
+    # each lane sorted (NaN last) and its middle one or two values taken: np.median's values (the middle
+    # one; the pair's mean, (a + b) / 2), all lanes at once
+    srt = np.sort(sub, axis=1)
+    n = (~np.isnan(sub)).sum(axis=1)
+    at = np.maximum(n, 1)[:, None]  # (a lane without values is NaN whatever it picks)
+    lo, hi = np.take_along_axis(srt, (at - 1) // 2, axis=1)[:, 0], np.take_along_axis(srt, at // 2, axis=1)[:, 0]
+    out[rest] = np.where(n == 0, np.nan, np.where(n % 2 == 1, lo, (lo + hi) / 2))
+    return out
+
+
+def _growth(wait: pd.DataFrame, ranks: list[int], plus: pd.DataFrame | None = None) -> np.ndarray:
+    """Per step: the median over `ranks` of the wait (`wait` + `plus`, when given) above the rank's own
+    median (0 without ranks). numpy, not DataFrame medians (the same values: pandas' median is
+    np.nanmedian), and only the ranks' rows added."""
     if not ranks:
         return np.zeros(wait.shape[1])
-    w = wait.loc[ranks]
-    return np.nan_to_num((w.sub(w.median(axis=1), axis=0)).median(axis=0).to_numpy())
+    w = wait.loc[ranks].to_numpy()
+    if plus is not None:
+        w = w + plus.loc[ranks].to_numpy()
+    return np.nan_to_num(_nanmedian(w - _nanmedian(w)[:, None], axis=0))
 
 
 def _cross_host(topo: pd.DataFrame) -> tuple[list[tuple[int, int]], list[tuple[int, ...]]]:

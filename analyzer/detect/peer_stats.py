@@ -154,11 +154,15 @@ def _tp_ratio(groups: list[np.ndarray], grid: ScoreGrid, rows: np.ndarray) -> np
 def load_grid(store: Store, columns: tuple[str, ...], warmup_factor: float = WARMUP_FACTOR) -> ScoreGrid | None:
     """rank_step's `columns` (step_time_s among them; work_s = forward_s + backward_s) as a ScoreGrid
     without scores, warm-up steps dropped (None: no rank-step with time)."""
-    grid = _fetch_grid(store, columns)
-    if grid is None:
-        return None
-    keep = ~np.isin(grid.steps, warmup_from_medians(column_medians(grid["step_time_s"], grid.present),
-                                                     grid.steps, warmup_factor))
+    grid = fetch_grid(store, columns)
+    return None if grid is None else drop_warmup(grid, warmup_factor)[0]
+
+
+def drop_warmup(grid: ScoreGrid, warmup_factor: float) -> tuple[ScoreGrid | None, list[int]]:
+    """The grid without its warm-up steps (warmup_from_medians of the per-step medians of step_time_s)
+    and without the ranks left with no step (None: nothing left); and the warm-up steps."""
+    warm = warmup_from_medians(column_medians(grid["step_time_s"], grid.present), grid.steps, warmup_factor)
+    keep = ~np.isin(grid.steps, warm)
     if not keep.all():
         grid.steps, grid.present = grid.steps[keep], grid.present[:, keep]
         grid.values = {k: v[:, keep] for k, v in grid.values.items()}
@@ -167,15 +171,21 @@ def load_grid(store: Store, columns: tuple[str, ...], warmup_factor: float = WAR
             grid.ranks, grid.present = grid.ranks[alive], grid.present[alive]
             grid.pp, grid.dp, grid.tp, grid.host = grid.pp[alive], grid.dp[alive], grid.tp[alive], grid.host[alive]
             grid.values = {k: v[alive] for k, v in grid.values.items()}
-    return None if grid.empty else grid
+    return (None if grid.empty else grid), warm
 
 
-def _fetch_grid(store: Store, columns: tuple[str, ...], chunk_ranks: int = 512) -> ScoreGrid | None:
-    """rank_step's `columns` placed into rank x step matrices, `chunk_ranks` ranks a query (a bounded
-    result each time, never one long table of all rows). Results come as Arrow columns turned into numpy
-    arrays, not pandas frames: at 12,288 ranks x 1,000 steps the frames cost ~1 s of the ~1.7 s. Small
-    chunks: DuckDB's allocator keeps a while what a result held (2,048 ranks a query: ~200 MB more
-    resident after the fetch, 512: ~30 MB; the fetch's CPU time did not change measurably)."""
+GRID_EXPRESSIONS = {"work_s": "forward_s + backward_s"}
+"""Grid columns that are expressions over rank_step's (fetch_grid: the others are its columns)."""
+
+
+def fetch_grid(store: Store, columns: tuple[str, ...], chunk_ranks: int = 512,
+               expressions: dict[str, str] | None = None) -> ScoreGrid | None:
+    """rank_step's `columns` (or `expressions`, name -> SQL over rank_step's columns, beside
+    GRID_EXPRESSIONS) of its rows with step time placed into rank x step matrices, `chunk_ranks` ranks a
+    query (a bounded result each time, never one long table of all rows). Results come as Arrow columns
+    turned into numpy arrays, not pandas frames: at 12,288 ranks x 1,000 steps the frames cost ~1 s of
+    the ~1.7 s. Small chunks: DuckDB's allocator keeps a while what a result held (2,048 ranks a query:
+    ~200 MB more resident after the fetch, 512: ~30 MB; the fetch's CPU time did not change measurably)."""
     where = "FROM rank_step WHERE step_time_s > 0"
     ids = store.arrow(f"SELECT DISTINCT rank, pp, dp, tp {where}")
     if not ids.num_rows:
@@ -188,7 +198,8 @@ def _fetch_grid(store: Store, columns: tuple[str, ...], chunk_ranks: int = 512) 
     grid = ScoreGrid(ranks, steps, np.zeros(shape, dtype=bool), _ints(ids, "pp")[first_row],
                      _ints(ids, "dp")[first_row], _ints(ids, "tp")[first_row],
                      hosts.reindex(ranks).to_numpy(), {c: np.empty(shape) for c in columns})
-    select = ", ".join("forward_s + backward_s AS work_s" if c == "work_s" else c for c in columns)
+    exprs = GRID_EXPRESSIONS | (expressions or {})
+    select = ", ".join(f"{exprs[c]} AS {c}" if c in exprs else c for c in columns)
     for lo in range(0, len(ranks), chunk_ranks):
         hi = min(lo + chunk_ranks, len(ranks))
         first, last = int(ranks[lo]), int(ranks[hi - 1])

@@ -101,9 +101,15 @@ def _anchors(g: StepGraph) -> np.ndarray:
     return np.where(np.isfinite(start) & (start <= issue), start, issue)
 
 
-def _with_step_starts(store: Store, ev: pd.DataFrame, first: int, last: int) -> pd.DataFrame:
-    """The events with their rank-step's start (steps.start_ns; NaN where the steps table has no row)."""
-    starts = store.query("SELECT rank, step, min(start_ns) AS step_start_ns FROM steps "
+def _with_step_starts(store: Store, ev: pd.DataFrame, first: int, last: int,
+                      ranks: list[int] | None = None) -> pd.DataFrame:
+    """The events with their rank-step's start (steps.start_ns; NaN where the steps table has no row).
+    Only the segments of `ranks` (None: all) are read, and none without events (a run summarized at the
+    edge has none): every rank's steps segments read for each sampled step took 5.8 of the what-if's
+    5.9 s at 3,072 ranks x 1,000 steps."""
+    if ev.empty:
+        return ev.assign(step_start_ns=pd.Series(dtype="float64"))
+    starts = store.query(f"SELECT rank, step, min(start_ns) AS step_start_ns FROM {store.table_source('steps', ranks)} "
                          "WHERE step BETWEEN $first AND $last GROUP BY rank, step",
                          {"first": int(first), "last": int(last)})
     return ev.merge(starts, on=["rank", "step"], how="left")
@@ -291,7 +297,8 @@ def _replay_step(store: Store, f: Finding, step: int, ranks: list[int] | None, c
     one: a job-wide sync the trace does not show) the ranks' waits for it are not their own time:
     this step is replayed alone from its recorded start, plus the recorded time from the previous
     step's end to that start (the two-step replay kept those waits and was 7.6% above the twin)."""
-    ev = _with_step_starts(store, events_window(store, step - 1, step, ranks, limit=1 << 40), step - 1, step)
+    ev = _with_step_starts(store, events_window(store, step - 1, step, ranks, limit=1 << 40), step - 1, step,
+                           ranks)
     now_ev = ev.step == step
     if not now_ev.any():
         return None

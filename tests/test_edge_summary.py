@@ -115,6 +115,32 @@ def test_a_rank_killed_before_close_sends_the_analyzer_to_the_raw_events(traced,
     _assert_same_analysis(run, Run.open(_raw_copy(traced, tmp_path / "raw")))
 
 
+
+@pytest.mark.slow
+def test_peer_step_timeline_is_the_event_pass_per_peer_grouping(traced):
+    """The summaries' per (rank, step, peer) pass (peer_step_timeline.sql) repeats the aggregates of the
+    analyzer's two-grouping pass (event_pass.sql): on the real run's events (async ops and their waits,
+    nested tensor-parallel ops) the two give the same rows."""
+    import duckdb
+
+    from megascope.tracer.edge_summary import NO_FIRST_STEP, define_edge_sql
+    from megascope.tracer.schema import WAIT_SUFFIX
+
+    events = pa.concat_tables([_rank_rows(traced, "events", rank) for rank in range(4)])
+    con = duckdb.connect()
+    define_edge_sql(con)
+    con.register("events", events)
+    columns = ", ".join(f'"{c}"' for c in EDGE["edge_peer_step"].names + ["first_start_ns", "last_end_ns"])
+    for async_ops in (True, False):  # the run's traces have waits (True); False: every op its own exposed time
+        params = {"first": NO_FIRST_STEP, "base": pc.min(events["start_ns"]).as_py() - 3_600_000_000_000,
+                  "async_ops": async_ops, "suffix": WAIT_SUFFIX}
+        both = con.sql(f"SELECT {columns} FROM event_pass_timeline('events', $first, $base, $async_ops, $suffix, "
+                       "2, 1, 1, NULL) WHERE gset = 0 ORDER BY rank, step, peer", params=params).df()
+        alone = con.sql(f"SELECT {columns} FROM peer_step_timeline('events', $first, $base, $async_ops, $suffix) "
+                        "ORDER BY rank, step, peer", params=params).df()
+        assert len(alone) >= 4 * 12
+        pd.testing.assert_frame_equal(alone, both)
+
 # ---- simulated runs summarized post hoc -----------------------------------------------------------
 
 @pytest.mark.parametrize("inject", ["straggler:rank=5,slowdown=0.3,from=4", "late_launch:rank=2,ms=15,from=3"])

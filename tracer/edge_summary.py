@@ -5,7 +5,7 @@ wrote its last summary, and the raw events otherwise).
 
 Three tables beside the events (tracer/schema.py EDGE, docs/schema.md):
   edge_rank_step    one row per step: rank_step.sql's columns, less the topology's (pp, dp, tp, host)
-  edge_peer_step    per step and p2p peer: event_pass.sql's per (rank, step, peer) rows
+  edge_peer_step    per step and p2p peer: event_pass.sql's per (rank, step, peer) rows (peer_step_timeline.sql)
   edge_collectives  the rank's collective ops, issue and end: late arrivals' inputs, merged across
                     ranks centrally (analyzer/data/sql/edge_collectives.sql: one aggregation of all members)
 
@@ -14,7 +14,9 @@ the step, and an async op's `.wait` may come in the next step: it decides whethe
 when the tracer closes (those last rows are marked `final`: every steps row the rank wrote is then
 summarized); its events are held until then (a few steps of one rank), and the summaries until
 SEGMENT_STEPS steps of them make one segment per table (or the tracer closes). The rows are the
-timeline pass's (the variant every run of up to 2,048 ranks takes). Nothing here raises into the
+timeline pass's (the variant every run of up to 2,048 ranks takes), its per (rank, step, peer) grouping
+alone (tracer/sql/peer_step_timeline.sql: the collective partials are merged centrally from the member
+rows, not here). Nothing here raises into the
 flusher: the raw events are written first and stay the truth; a failure is logged and counted, and a
 rank whose summaries miss a step only sends the analyzer back to the raw events."""
 
@@ -34,7 +36,7 @@ from megascope.tracer.sink import ParquetSegmentSink, Sink
 
 log = logging.getLogger("megascope.tracer")
 
-EDGE_SQL = ("event_role", "group_instance", "event_pass", "rank_step")
+EDGE_SQL = ("event_role", "group_instance", "event_timeline", "event_pass", "peer_step_timeline", "rank_step")
 """The macros a rank runs on its own events (tracer/sql/, in definition order); the analyzer defines
 them first too (event_pass.define_sql), so both sides compute the same rows."""
 LAG_STEPS = 2
@@ -88,8 +90,8 @@ def summarize(con: Any, ranks: list[int], events: pa.Table, steps: pa.Table, thr
                     "-1 AS dp, -1 AS tp, ''::VARCHAR AS host", {"ranks": [int(r) for r in ranks]})
         con.execute("CREATE OR REPLACE TEMP TABLE _edge_peer AS SELECT "
                     + ", ".join(f'"{c}"' for c in _PEER_COLUMNS + _EDGE_COLUMNS)
-                    + " FROM event_pass_timeline('_edge_events', $first, $base, $async_ops, $wait_suffix, "
-                    "1, 1, 1, NULL) WHERE gset = 0 AND step <= $through",
+                    + " FROM peer_step_timeline('_edge_events', $first, $base, $async_ops, $wait_suffix) "
+                    "WHERE step <= $through",
                     {"first": NO_FIRST_STEP, "base": base, "async_ops": async_ops, "wait_suffix": WAIT_SUFFIX,
                      "through": through})
         out = {

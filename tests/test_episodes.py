@@ -8,7 +8,13 @@ import math
 
 import numpy as np
 
-from megascope.analyzer.detect.episodes import binomial_tail, change_point, cusum_stretches
+from megascope.analyzer.detect.episodes import (
+    binomial_tail,
+    change_point,
+    cusum_stretches,
+    has_persistent_runs,
+    persistent_runs,
+)
 
 
 def test_binomial_tail_matches_enumeration():
@@ -69,3 +75,16 @@ def test_a_gross_stretch_in_a_short_noisy_run_is_not_chance():
     # a noise stretch just over the flag threshold stays chance at both levels
     noisy = rows.assign(x=[0.8, 0.75, 0.9, 0.7, 0.85, 0.8])
     assert det.stretch(noisy, noisy.x, 0.69, flag_all, 0.3, 3, 3, null_rate=0.33, gross_rate=0.02) is None
+
+
+def test_persistent_runs_of_every_row_at_once():
+    """has_persistent_runs (the straggler detector's screen of its candidates) against persistent_runs
+    row by row: gaps at and over max_gap, runs at the row's ends, empty rows."""
+    rng = np.random.default_rng(0)
+    for density in (0.05, 0.3, 0.7):
+        flags = rng.random((60, 40)) < density
+        flags[3] = False
+        flags[4] = True
+        for min_len, max_gap in itertools.product((0, 1, 3, 5), (0, 1, 2, 4)):
+            want = [bool(persistent_runs(np.flatnonzero(row), min_len, max_gap)) for row in flags]
+            assert has_persistent_runs(flags, min_len, max_gap).tolist() == want

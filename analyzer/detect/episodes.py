@@ -26,6 +26,22 @@ def persistent_runs(steps: Iterable[int], min_len: int, max_gap: int = 1) -> lis
     return [r for r in runs(steps, max_gap) if r[2] >= min_len]
 
 
+def has_persistent_runs(flags: np.ndarray, min_len: int, max_gap: int = 1) -> np.ndarray:
+    """Per row of a (rows, positions) bool matrix: whether persistent_runs of its flagged positions finds
+    a run, every row at once from the flagged cells in row order (a run breaks at a new row or a gap over
+    `max_gap`), with no Python step per row or position."""
+    r, c = np.nonzero(flags)
+    found = np.zeros(len(flags), dtype=bool)
+    if not len(r):
+        return found
+    new = np.ones(len(r), dtype=bool)
+    new[1:] = (r[1:] != r[:-1]) | (c[1:] - c[:-1] > max_gap)
+    starts = np.flatnonzero(new)
+    lengths = np.diff(np.append(starts, len(r)))
+    found[r[starts[lengths >= min_len]]] = True
+    return found
+
+
 def binomial_tail(k: int, n: int, q: float) -> float:
     """P(X >= k) for X ~ Binomial(n, q): how likely k or more flagged steps out of n are by chance
     when each step is flagged at the run's own rate q (no distribution assumed for the scores

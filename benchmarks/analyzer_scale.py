@@ -167,6 +167,7 @@ class _StatementTimer:
 def phases(run_dir: str) -> dict[str, tuple[float, float]]:
     """Per-phase (wall s, CPU s) of build_report(run) on a fresh Run (called in a child process)."""
     from megascope.analyzer import Run, build_report
+    from megascope.analyzer.data import event_pass
 
     def cpu() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
@@ -190,10 +191,14 @@ def phases(run_dir: str) -> dict[str, tuple[float, float]]:
     run = timed("open", Run.open)(run_dir)
     store = run.store
     store.con = _StatementTimer(store.con, cpu, out)  # the event pass's own split, by statement
+    # the collective partials aggregated in numpy (edge_partials.py) run outside any statement
+    numpy_partials = event_pass.partials_of_files
+    event_pass.partials_of_files = timed("  event pass: _batch_partials (numpy)", numpy_partials)
     try:
         timed("event pass", run.derived.rank_step)()
     finally:
         store.con = store.con.con
+        event_pass.partials_of_files = numpy_partials
     timed("late arrivals", run.derived.late_arrivals)()
     for det in run.detectors:
         det.detect = timed(f"detect: {type(det).__name__}", det.detect)

@@ -3,8 +3,9 @@ pp2) beside the real `megascope watch` command; this prints the watcher's CPU se
 and how far behind the newest complete step it is, then the 16-rank detection latency (watch_latency.py's
 straggler cases) in the same run.
 
-The writer lays segments down as a tracer does: every --flush-steps steps one events and one steps
-segment per rank (temporary name, renamed into place), at --step-s seconds a step, or as fast as it
+The writer lays segments down as a tracer does, through the tracer's own sink (tracer/sink.py
+ParquetSegmentSink: its encodings, zstd, a temporary name renamed into place): every --flush-steps steps
+one events and one steps segment per rank, at --step-s seconds a step, or as fast as it
 can when that is faster than this machine writes 24,576 files (it prints the rate it held). Its steps
 are a simulated 6-step template (samples/simulator.py, built once into --work): steps 0-2 clean, 3-5
 with rank 5 computing 50% slower, replayed with shifted times in random order (the straggler from
@@ -42,6 +43,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from megascope.tracer.sink import ParquetSegmentSink  # noqa: E402
 from tests.watch_feed import simulate_steps  # noqa: E402
 
 CULPRIT = 5
@@ -90,7 +92,7 @@ def write(template: Path, live: Path, steps: int, onset: int, step_s: float, flu
     (live / "run.json").write_text(json.dumps(manifest))
     base = time.time_ns()
     rng = np.random.default_rng(0)
-    index = 0
+    sinks: dict[int, ParquetSegmentSink] = {}
     began = time.monotonic()
     with log.open("w") as out:
         for first in range(0, steps, flush_steps):
@@ -114,12 +116,11 @@ def write(template: Path, live: Path, steps: int, onset: int, step_s: float, flu
                 ranks = whole["rank"].to_numpy()
                 cuts = np.flatnonzero(np.diff(ranks)) + 1
                 for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(ranks)]):
-                    folder = live / name / f"rank={int(ranks[lo]):05d}"
-                    folder.mkdir(parents=True, exist_ok=True)
-                    tmp = folder / f".seg-{index:06d}.parquet.tmp"
-                    pq.write_table(whole.slice(lo, hi - lo), tmp)
-                    os.replace(tmp, folder / f"seg-{index:06d}.parquet")
-            index += 1
+                    # the tracer's files, not pyarrow's defaults (snappy, every column dictionary-encoded):
+                    # DuckDB read those ~20% slower (0.23 vs 0.19 ms an events segment, 0.20 vs 0.15 a steps one)
+                    rank = int(ranks[lo])
+                    sink = sinks.get(rank) or sinks.setdefault(rank, ParquetSegmentSink(live, rank))
+                    sink.write(name, whole.slice(lo, hi - lo))
             out.write(json.dumps({"step": last, "at": time.time()}) + "\n")
             out.flush()
 

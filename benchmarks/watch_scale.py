@@ -5,7 +5,8 @@ straggler cases) in the same run.
 
 The writer lays segments down as a tracer does, through the tracer's own sink (tracer/sink.py
 ParquetSegmentSink: its encodings, zstd, a temporary name renamed into place): every --flush-steps steps
-one events and one steps segment per rank, at --step-s seconds a step, or as fast as it
+one events and one steps segment per rank (default: the steps a tracer's flush interval holds at that
+world size, tracer.config.flush_interval), at --step-s seconds a step, or as fast as it
 can when that is faster than this machine writes 24,576 files (it prints the rate it held). Its steps
 are a simulated 6-step template (samples/simulator.py, built once into --work): steps 0-2 clean, 3-5
 with rank 5 computing 50% slower, replayed with shifted times in random order (the straggler from
@@ -15,7 +16,7 @@ so none land during this run; the watcher summarizes the events itself (analyzer
 The watcher's CPU is read from /proc (user + system) once it has taken in its first step, its progress
 from its /status endpoint every 0.5 s.
 
-    python benchmarks/watch_scale.py [--ranks 12288] [--steps 40] [--step-s 1] [--work DIR]
+    python benchmarks/watch_scale.py [--ranks 12288] [--steps 40] [--step-s 1] [--flush-steps N] [--work DIR]
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from megascope.tracer.config import TraceConfig, flush_interval  # noqa: E402
 from megascope.tracer.sink import ParquetSegmentSink  # noqa: E402
 from tests.watch_feed import simulate_steps  # noqa: E402
 
@@ -247,7 +249,9 @@ def main() -> int:
     p.add_argument("--steps", type=int, default=40, help="steps the writer appends")
     p.add_argument("--onset", type=int, default=20, help="first step of the straggler (rank 5, 1.5x compute)")
     p.add_argument("--step-s", type=float, default=1.0, help="the job's step time the writer aims at")
-    p.add_argument("--flush-steps", type=int, default=5, help="steps per segment (the tracer flushes every 5 s)")
+    p.add_argument("--flush-steps", type=int, default=None,
+                   help="steps per segment (default: the tracer's flush interval for --ranks ranks at --step-s, "
+                        "tracer.config.flush_interval: 5 s up to 2,000 ranks, 30.7 s at 12,288)")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "megascope-watch-scale",
                    help="where the template (kept for reruns) and the live run go")
     p.add_argument("--watch-args", nargs=argparse.REMAINDER, default=["--no-summary"],
@@ -256,6 +260,8 @@ def main() -> int:
     args = p.parse_args()
     if args.ranks % 16:
         p.error("--ranks must be a multiple of 16 (tp8 x pp2)")
+    if args.flush_steps is None:
+        args.flush_steps = max(1, round(flush_interval(TraceConfig(), args.ranks) / args.step_s))
     args.work.mkdir(parents=True, exist_ok=True)
     print(f"load average at the start: {load(0)}", flush=True)
     template = build_template(args.work, args.ranks)

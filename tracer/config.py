@@ -18,7 +18,15 @@ class TraceConfig:
     """Record every n-th step (1 = all)."""
     flush_interval_s: float = 5.0
     """Flush buffered events to a Parquet segment at least this often (a killed rank loses at most this
-    much; each flush costs the flusher thread a few ms, mostly per file written)."""
+    much; each flush costs the flusher thread a few ms, mostly per file written). A job of more than
+    job_flushes_per_s x this many ranks flushes less often: flush_interval(cfg, world)."""
+    job_flushes_per_s: float = 400.0
+    """The flushes a second the whole job may make together; past it each rank flushes every world /
+    this seconds (5 s up to 2,000 ranks, 30.7 s at 12,288). Each flush writes a segment per table and a
+    live watcher opens every segment (~0.2 ms of CPU each): at 12,288 ranks and 1 step/s, 5 s flushes
+    cost it 2.07 CPU-s a job step, 30.7 s ones 0.94 (benchmarks/watch_scale.py, docs/watch.md): 400 is
+    the rate that fits the watcher's 1 CPU-s a step there. The price: live findings, and what a killed
+    rank had not flushed, lag by up to the longer interval."""
     flush_events: int = 20000
     """... or when this many events are buffered."""
     max_buffered_events: int = 500000
@@ -41,3 +49,9 @@ class TraceConfig:
     from one-off stalls (tracer/step_summary.py); 0 = off."""
     cupti: bool = False
     """Record kernel activity with CUPTI (cupti-python) into the kernels table."""
+
+
+def flush_interval(cfg: TraceConfig, world: int) -> float:
+    """Seconds between one rank's flushes in a job of `world` ranks: cfg.flush_interval_s, stretched so
+    that the job makes at most cfg.job_flushes_per_s flushes a second together."""
+    return max(cfg.flush_interval_s, world / cfg.job_flushes_per_s)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import logging
 import math
+import os
 import threading
 import time
 from collections import deque
@@ -24,7 +25,7 @@ from megascope.tracer.buffer import TableBuffer
 from megascope.tracer.clock import HostClock
 from megascope.tracer.clock_sync import ClockSyncResult, estimate_offsets
 from megascope.tracer.completion import CompletionTracker
-from megascope.tracer.config import TraceConfig
+from megascope.tracer.config import TraceConfig, flush_interval
 from megascope.tracer.edge_summary import SummarizingSink
 from megascope.tracer.flusher import Flusher
 from megascope.tracer.schedule import Schedule, check_level, every_n_steps
@@ -42,6 +43,17 @@ if TYPE_CHECKING:  # for annotations; the three recorders are imported where use
 
 log = logging.getLogger("megascope.tracer")
 _monotonic_ns = time.monotonic_ns
+
+
+def _job_world() -> int:
+    """The job's rank count: the default group's size once torch.distributed is up, else what the
+    launcher exported (torchrun's WORLD_SIZE), else 1."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_world_size()
+    try:
+        return max(int(os.environ.get("WORLD_SIZE", "1")), 1)
+    except ValueError:
+        return 1
 
 
 class Tracer:
@@ -62,6 +74,8 @@ class Tracer:
         self.device = torch.device(device)
         self.level = check_level(cfg.level)
         self.enabled = bool(cfg.enabled)
+        self.flush_interval_s = flush_interval(cfg, _job_world())
+        """Seconds between flushes: cfg.flush_interval_s, longer in a big job (config.flush_interval)."""
         self.schedule = schedule or every_n_steps(cfg.every)
         self.clock = clock or HostClock()
         self.is_cuda = self.device.type == "cuda" and torch.cuda.is_available()
@@ -100,7 +114,7 @@ class Tracer:
 
     def _start_background(self) -> None:
         cfg = self.cfg
-        self.flusher = Flusher(self.buffers, self.sink, cfg.flush_interval_s)
+        self.flusher = Flusher(self.buffers, self.sink, self.flush_interval_s)
         self.completion = CompletionTracker()
         self.pending_works = self.completion.pending
         self.watchdog = HangWatchdog(self.run_dir, self.rank, self.registry, cfg.hang_timeout_s,
@@ -119,7 +133,7 @@ class Tracer:
             from megascope.tracer.cupti_kernels import CuptiKernelRecorder
 
             self.cupti = CuptiKernelRecorder(self.device, self.clock, self.buffers["kernels"].append,
-                                             cfg.flush_interval_s)
+                                             self.flush_interval_s)
 
     # -- guarded failure path ----------------------------------------------------------------
     def _failed(self, where: str, exc: BaseException) -> None:

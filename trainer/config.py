@@ -272,7 +272,8 @@ RANGES: dict[str, Range] = {
     "train.beta2": Range(0, 1, high_open=True), "train.grad_clip": AT_LEAST_0,
     "train.seed": AT_LEAST_0,  # numpy's default_rng takes no negative seed
     "data.prefetch": AT_LEAST_0,
-    "trace.every": AT_LEAST_1, "trace.flush_interval_s": POSITIVE, "trace.flush_events": AT_LEAST_1,
+    "trace.every": AT_LEAST_1, "trace.flush_interval_s": POSITIVE, "trace.job_flushes_per_s": POSITIVE,
+    "trace.flush_events": AT_LEAST_1,
     "trace.max_buffered_events": AT_LEAST_1, "trace.hang_timeout_s": POSITIVE,
     "trace.clock_sync_every": AT_LEAST_0, "trace.nvml_interval_s": POSITIVE, "trace.summary_every": AT_LEAST_0,
     "robust.checkpoint_every": Range(-1), "robust.checkpoint_interval_s": POSITIVE,

@@ -64,7 +64,7 @@ PARTIAL_COLUMNS = ("group", "instance", "seq", "first_step", "op_name", "n_event
 _TABLES = frozenset({
     "rank_step", "rank_step_incomplete", "_p2p_peer_step", "_collective_partials", "collective_instances",
     "late_arrivals", "_summary_rank_step", "_summary_rank_step_incomplete", "_summary_partials",
-    "_summary_collectives", "_summary_late", "_incomplete_ranges", "_batch_partials_arrow", *BATCH_TABLES})
+    "_summary_collectives", "_summary_late", "_incomplete_ranges", *BATCH_TABLES})
 """Every table the functions here create, append to or delete from: names are checked against it."""
 
 Progress = Callable[[str, int, int], None]
@@ -277,6 +277,7 @@ def run_batches(store: Store, plan: PassPlan, out: PassTables, engine: Engine | 
         if progress is not None:
             progress(label, done + 1, len(batches))
     merge_partials(store, out, plan.base)
+    drop_batch_partials(store)
     for table in (*BATCH_TABLES, "_batch", "_batch_events"):
         store.execute(f"DROP TABLE IF EXISTS {table}")
 
@@ -380,8 +381,10 @@ def from_edge_summaries(store: Store, base: int) -> bool:
     prefixes = store.rank_prefix_batches(BATCH_RANKS, ("edge_collectives",))
     batches: list[list[str] | None] = [*prefixes] if prefixes else [None]
     for i, batch in enumerate(batches):
-        _split_edge_partials(store, batch, plan, create=i == 0)
+        store.run_with_retry(lambda: _edge_partials(store, batch, plan))
+        split_partials(store, "_batch_partials", EVENT_PASS_TABLES, plan, create=i == 0)
     merge_partials(store, EVENT_PASS_TABLES, plan.base)
+    drop_batch_partials(store)
     if store.damaged:  # found in edge_collectives: a member's rows are missing
         return _drop_edge_tables(store)
     store.execute("CREATE OR REPLACE TEMP TABLE rank_step AS FROM rank_step_of_edge('edge_rank_step')")
@@ -422,35 +425,23 @@ def _edge_partials(store: Store, prefixes: list[str] | None, plan: PassPlan) -> 
     action of run_with_retry, rebuilt when a damaged segment is dropped): in numpy (edge_partials.py:
     the same rows as the macro, ~35% less CPU on 1,000-step segments), or by the macro where that does
     not pay (small segments) or apply (a segment pyarrow cannot read: the macro's read finds it damaged
-    and the retry drops it). scan_edge_batch's: the batch function leaves tables."""
+    and the retry drops it). scan_edge_batch's: the numpy path's Arrow table is registered under the
+    name, not copied into a table (the copy was 0.6-0.7 CPU s of 4 batches at 3,072 x 1,000, 2.6 of 13
+    at 12,288; split_partials' two scans and a Ray task's conversion to Arrow read it as cheaply as a
+    table); drop_batch_partials lets it go."""
+    drop_batch_partials(store)
     partials = _numpy_partials(store, prefixes, plan)
     if partials is None:
         _macro_partials(store, prefixes, plan)
         return
-    store.con.register("_batch_partials_arrow", partials)
-    store.con.execute("CREATE OR REPLACE TEMP TABLE _batch_partials AS FROM _batch_partials_arrow")
-    store.con.unregister("_batch_partials_arrow")
-    del partials
-    release_unused()
+    store.con.register("_batch_partials", partials)
 
 
-def _split_edge_partials(store: Store, prefixes: list[str] | None, plan: PassPlan, create: bool) -> None:
-    """from_edge_summaries' batch of collective partials, split into finished instances and partials
-    (split_partials) straight from the numpy path's Arrow table: copying it into `_batch_partials`
-    first cost ~0.17 CPU s a 1,024-rank batch of 1,000 steps (~2.2 of the 12,288-rank pass) for two
-    scans that read the Arrow columns as cheaply. The macro's path (_edge_partials) makes the table."""
-    partials = _numpy_partials(store, prefixes, plan)
-    if partials is None:
-        store.run_with_retry(lambda: _macro_partials(store, prefixes, plan))
-        split_partials(store, "_batch_partials", EVENT_PASS_TABLES, plan, create)
-        store.execute("DROP TABLE _batch_partials")
-        return
-    store.con.register("_batch_partials_arrow", partials)
-    try:
-        split_partials(store, "_batch_partials_arrow", EVENT_PASS_TABLES, plan, create)
-    finally:
-        store.con.unregister("_batch_partials_arrow")
-    del partials
+def drop_batch_partials(store: Store) -> None:
+    """Drop `_batch_partials`, a registered Arrow table (_edge_partials) or a table (unregister leaves a
+    table alone; DROP TABLE refuses a registered one), and hand its buffers back (release_unused)."""
+    store.con.unregister("_batch_partials")
+    store.con.execute("DROP TABLE IF EXISTS _batch_partials")
     release_unused()
 
 

@@ -189,13 +189,13 @@ def test_event_pass_on_big_segments_equals_the_macro_merge(tmp_path):
 
 
 def test_batch_files_are_the_batch_sources(job):
-    """_batch_files lists the segments Store.batch_source reads for each batch of rank folders."""
+    """Store.batch_files lists the segments Store.batch_source reads for each batch of rank folders."""
     store = Run.open(job).store
     batches = store.rank_prefix_batches(64, ("edge_collectives",))
     assert batches is not None and len(batches) > 1
     seen: list[str] = []
     for patterns in batches:
-        files = ep._batch_files(store, "edge_collectives", patterns)
+        files = store.batch_files("edge_collectives", patterns)
         rows = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
         assert rows == store.query(f"SELECT count(*) AS n FROM {store.batch_source('edge_collectives', patterns)}").n[0]
         seen += files

@@ -447,7 +447,7 @@ def drop_batch_partials(store: Store) -> None:
 
 def _numpy_partials(store: Store, prefixes: list[str] | None, plan: PassPlan) -> pa.Table | None:
     """The batch's partial rows by edge_partials.py; None where that does not pay or apply."""
-    layout, files = plan.layout, _batch_files(store, "edge_collectives", prefixes)
+    layout, files = plan.layout, store.batch_files("edge_collectives", prefixes)
     if store.attempt_bounds or not numpy_pays(files):
         return None
     return partials_of_files(files, plan.base, layout.dp, layout.tp, layout.cp, layout.renumber)
@@ -460,16 +460,6 @@ def _macro_partials(store: Store, prefixes: list[str] | None, plan: PassPlan) ->
                       "'_batch_collectives_src', $base, $dp, $tp, $cp, $renumber)",
                       {"base": plan.base, **plan.layout.params()})
     store.con.execute("DROP VIEW _batch_collectives_src")
-
-
-def _batch_files(store: Store, table: str, prefixes: list[str] | None) -> list[str]:
-    """The segments of `table` in one batch's rank folders (Store.batch_source's, as paths)."""
-    if prefixes is None:
-        return list(store.files[table])
-    wild = prefixes[0].count("?")  # the patterns of one batch share their width (rank=00???)
-    stems = {p[:len(p) - wild] for p in prefixes}
-    folder = [os.path.basename(os.path.dirname(f)) for f in store.files[table]]
-    return [f for f, name in zip(store.files[table], folder) if name[:len(name) - wild] in stems]
 
 
 def late_arrivals(store: Store, collectives: str = "collective_instances", out: str = "late_arrivals") -> None:

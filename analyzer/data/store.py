@@ -317,7 +317,7 @@ class Store:
             return table
         wild = patterns[0].count("?")  # the patterns of one batch share their width
         stems = {p[:len(p) - wild]: p for p in patterns}
-        folders = {name for name in self._by_folder(table) if name[:len(name) - wild] in stems}
+        folders = self._batch_folders(table, patterns)
         if not folders:
             return f"(SELECT * FROM {table} WHERE false)"
         columns = ", ".join(f'"{f.name}"' for f in TABLES[table])
@@ -329,6 +329,19 @@ class Store:
             used = sorted({stems[name[:len(name) - wild]] for name in folders})
             listing = ", ".join(f"'{root}/{p}/*.parquet'" for p in used)
         return f"({self._latest(table, f'SELECT {columns} FROM read_parquet([{listing}], hive_partitioning=false)')})"
+
+    def batch_files(self, table: str, patterns: list[str] | None) -> list[str]:
+        """The segments `batch_source` reads, as paths in the table's file order (None: all)."""
+        if patterns is None:
+            return list(self.files[table])
+        folders = self._batch_folders(table, patterns)
+        return [f for f in self.files[table] if os.path.basename(os.path.dirname(f)) in folders]
+
+    def _batch_folders(self, table: str, patterns: list[str]) -> set[str]:
+        """The table's rank folders (rank=NNNNN) that one batch's patterns (rank=00???) match."""
+        wild = patterns[0].count("?")  # the patterns of one batch share their width
+        stems = {p[:len(p) - wild] for p in patterns}
+        return {name for name in self._by_folder(table) if name[:len(name) - wild] in stems}
 
     def source_view(self, name: str, table: str, patterns: list[str] | None = None,
                     ranks: list[int] | None = None) -> None:

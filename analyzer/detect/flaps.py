@@ -33,6 +33,7 @@ from megascope.analyzer.data.group_instances import group_members
 from megascope.analyzer.data.store import Store, load_sql
 from megascope.analyzer.detect.context import DetectContext
 from megascope.analyzer.detect.episodes import runs
+from megascope.analyzer.detect.p2p_pairs import LinkPairs, read_pairs
 from megascope.analyzer.detect.peer_stats import (
     leave_one_out_median,
     noise_sigma,
@@ -57,12 +58,15 @@ class FlapDetector:
         if n_steps == 0:
             return []
         wait_spans = has_wait_spans(store)  # CPU (gloo) traces: one query over the first rank's events
-        # both p2p series read one pairing of each link's two ends; dropped once read (10.75 M rows at
-        # 12,288 ranks x 1,000 steps)
-        store.execute(load_sql("p2p_links"), {"warm": warm})
+        # both p2p series read one pairing of each link's two ends: numpy's dense links x steps cells
+        # (p2p_pairs.py), or where those would not be dense, p2p_links.sql's table (dropped once read)
+        pairs: LinkPairs | _SqlPairs | None = read_pairs(store, warm)
+        if pairs is None:
+            pairs = _SqlPairs(store, warm)
         try:
-            out = self._p2p(store, n_steps, bounds, wait_spans) + self._stalls(store, n_steps, bounds)
+            out = self._p2p(store, pairs, n_steps, bounds, wait_spans) + self._stalls(store, pairs, n_steps, bounds)
         finally:
+            del pairs
             store.execute("DROP TABLE IF EXISTS p2p_link_pairs")
         links = group_boundaries(_dedupe_links(out), store.topology, self.cfg.group_links)
         return links + self._collectives(store, n_steps, bounds, warm, wait_spans)
@@ -87,19 +91,29 @@ class FlapDetector:
                                                       series.baseline_s.to_numpy(dtype=float) >= c.min_extra_s)
         return series[keep].assign(lr=lr[keep])
 
-    def _p2p(self, store: Store, n_steps: int, bounds: pd.DataFrame, wait_spans: bool) -> list[Finding]:
+    def _p2p(self, store: Store, pairs: LinkPairs | _SqlPairs, n_steps: int, bounds: pd.DataFrame,
+             wait_spans: bool) -> list[Finding]:
         if wait_spans:
             # CPU (gloo) traces: a p2p span ends when its host called wait(), so its floor measures the
             # hosts' scheduling, not the link (8 ranks on 2 cores gave false 2-step "flaps" of +1 ms);
             # there a link shows as both ends stalled before their transfers (_stalls)
             return []
-        # numpy arrays, not a frame: at 12,288 x 1,000 the series is 21.5 M link-steps, and only the few
-        # degraded ones become rows (warm-up steps are left out in SQL, p2p_links)
-        # the rows p2p_series returns: one per direction with a floor
-        n = store.query("SELECT count(ab_floor_s) + count(ba_floor_s) AS n FROM p2p_link_pairs").n.iloc[0]
-        s = _arrays(store, load_sql("p2p_series"), int(n))
-        if not len(s["step"]):
+        got = self._cells_degraded(pairs, store.topology) if isinstance(pairs, LinkPairs) else \
+            self._rows_degraded(pairs.series(), store.topology)
+        if got is None:
             return []
+        bad, observed = got
+        bad = self._beyond_boundary(observed, store.topology, bad)
+        return self._links(store, bad, "floor_s", n_steps, bounds, "transfer")
+
+    def _rows_degraded(self, s: dict[str, np.ndarray], topology: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series] | None:
+        """The degraded p2p rows (src, dst, step, floor_s, baseline_s, ratio, lr) beyond the noise and the
+        boundary's peaks, and the observed steps per link (_LinkIds.observed_steps), from p2p_series' rows
+        (`s`); None without rows."""
+        # numpy arrays, not a frame: at 12,288 x 1,000 the series is 21.5 M link-steps, and only the few
+        # degraded ones become rows (warm-up steps are left out by the pairing)
+        if not len(s["step"]):
+            return None
         floor, base = s["floor_s"], s["baseline_s"]
         # the log of floor_s / baseline_s, the ratio divided here as SQL would (IEEE division: the same
         # double), NaN without a baseline; one array, logged in place
@@ -117,28 +131,60 @@ class FlapDetector:
                             "lr": lr[rows]})
         src, dst, step = s["src"], s["dst"], s["step"]
         del s, floor, base  # what is left reads the links, steps and log ratios
-        links = _LinkIds(src, dst, store.topology)
+        links = _LinkIds(src, dst, topology)
         del src, dst
         bad = bad[bad.lr.to_numpy() >= self._threshold(_keyed_noise(links.directed, step, lr))]
-        bad = _above_boundary_peaks(links, lr, bad)
-        bad = self._beyond_boundary(links.observed_steps(step), store.topology, bad)
-        return self._links(store, bad, "floor_s", n_steps, bounds, "transfer")
+        return _above_boundary_peaks(links, lr, bad), links.observed_steps(step)
 
-    def _stalls(self, store: Store, n_steps: int, bounds: pd.DataFrame) -> list[Finding]:
-        c = self.cfg
-        n = store.query("SELECT count(*) AS n FROM p2p_link_pairs WHERE a < b").n.iloc[0]   # p2p_stalls' rows
-        s = _arrays(store, load_sql("p2p_stalls"), int(n))
-        if not len(s["step"]):
+    def _cells_degraded(self, pairs: LinkPairs, topology: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series] | None:
+        """_rows_degraded on the pairing's matrices (p2p_pairs.py): the same rows and observed steps,
+        without p2p_series' 21.5 M rows at 12,288 x 1,000 (their ~0.7 GB of fresh arrays, and the
+        factorizing of their links, cost more than the reading; the log ratios overwrite the floors)."""
+        floors = pairs.take_floors()
+        has = ~np.isnan(floors)
+        n_rows = int(np.count_nonzero(has))
+        if not n_rows:
+            return None
+        n_links = len(pairs.a)
+        observed = (has[:n_links] | has[n_links:]).sum(axis=1)   # steps with a floor either way
+        ratios = _CellRatios(self.cfg, pairs, floors)
+        lr = ratios.lr   # the floors' memory
+        bad = ratios.bad
+        links = _link_frame(pairs.a, pairs.b, topology)
+        block = _dense_rows(has) if ratios.finite == n_rows else None
+        if block is not None:   # every directed link with a floor has one on every step in between
+            keys, cols = block
+            sigma = noise_sigma_dense(lr[:, cols] if keys.all() else lr[keys][:, cols])
+        else:   # _keyed_noise's frame: the cells with a floor, keyed by their row
+            row, col = np.nonzero(has)
+            key = np.unique(row, return_inverse=True)[1].astype(np.int32)
+            sigma = _keyed_noise(key, col + np.int64(pairs.lo), lr[row, col])
+        del has
+        bad = bad[bad.lr.to_numpy() >= self._threshold(sigma)]
+        if not bad.empty:
+            top = np.maximum(ratios.top[:n_links], ratios.top[n_links:])
+            seen = ratios.any_finite[:n_links] | ratios.any_finite[n_links:]
+            bad = _above_peaks(links, top, seen, bad)
+        return bad, _observed(links, observed)
+
+    def _stalls(self, store: Store, pairs: LinkPairs | _SqlPairs, n_steps: int, bounds: pd.DataFrame) -> list[Finding]:
+        got = self._stall_cells(pairs, bounds, store.topology) if isinstance(pairs, LinkPairs) else \
+            self._stall_rows(pairs.stalls(), bounds, store.topology)
+        if got is None:
             return []
+        bad = self._beyond_boundary(got[1], store.topology, got[0])
+        return self._links(store, bad, "stall_s", n_steps, bounds, "stall")
+
+    def _stall_rows(self, s: dict[str, np.ndarray], bounds: pd.DataFrame,
+                    topology: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series] | None:
+        """The degraded stall rows (src, dst, step, stall_s, baseline_s, ratio) and the observed steps per
+        link, from p2p_stalls' rows (`s`); None when no row is degraded."""
+        c = self.cfg
+        if not len(s["step"]):
+            return None
         stall, base, step = s["stall_s"], s["baseline_s"], s["step"]
-        # each row's step time by its step's offset (a reindex of 10.75 M steps took ~0.5 s); NaN for a
-        # step without bounds, as the reindex gave
-        lo, span = int(step.min()), int(step.max() - step.min()) + 1
-        per_step = np.full(span, np.nan)
-        known = bounds.index.to_numpy(dtype=np.int64)
-        inside = (known >= lo) & (known < lo + span)
-        per_step[known[inside] - lo] = bounds.step_time_s.to_numpy(dtype=float)[inside]
-        step_time = per_step[step - lo]
+        lo = int(step.min())
+        step_time = _step_times(bounds, lo, int(step.max()) - lo + 1)[step - lo]
         with np.errstate(invalid="ignore"):
             rows = np.flatnonzero((stall - base >= c.min_stall_frac * step_time) & (stall >= c.flag_ratio * base))
         b = base[rows]
@@ -147,10 +193,32 @@ class FlapDetector:
         bad = pd.DataFrame({"src": s["a"][rows], "dst": s["b"][rows], "step": step[rows], "stall_s": stall[rows],
                             "baseline_s": b, "ratio": ratio})
         if bad.empty:
-            return []
-        observed = _LinkIds(s["a"], s["b"], store.topology).observed_steps(step)
-        bad = self._beyond_boundary(observed, store.topology, bad)
-        return self._links(store, bad, "stall_s", n_steps, bounds, "stall")
+            return None
+        return bad, _LinkIds(s["a"], s["b"], topology).observed_steps(step)
+
+    def _stall_cells(self, pairs: LinkPairs, bounds: pd.DataFrame,
+                     topology: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series] | None:
+        """_stall_rows on the pairing's matrices, _CHUNK links at a time (p2p_stalls' 10.75 M rows at
+        12,288 x 1,000 not made)."""
+        c = self.cfg
+        base, group = pairs.stall_baselines()
+        step_time = _step_times(bounds, pairs.lo, pairs.stall.shape[1])
+        parts = []
+        for r0 in range(0, len(pairs.stall), _CHUNK):
+            st, b = pairs.stall[r0:r0 + _CHUNK], base[group[r0:r0 + _CHUNK]]   # b: NaN off p2p_stalls
+            with np.errstate(invalid="ignore"):
+                r, col = np.nonzero((st - b >= c.min_stall_frac * step_time) & (st >= c.flag_ratio * b))
+            sr, br = st[r, col], b[r, col]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                ratio = np.divide(sr, br, out=np.full(len(r), np.nan), where=br != 0)
+            parts.append(pd.DataFrame({"src": pairs.a[r0 + r], "dst": pairs.b[r0 + r],
+                                       "step": col + np.int64(pairs.lo), "stall_s": sr, "baseline_s": br,
+                                       "ratio": ratio}))
+        bad = pd.concat(parts, ignore_index=True)
+        if bad.empty:
+            return None
+        counts = np.where(group < len(base) - 1, pairs.present.sum(axis=1), 0)   # p2p_stalls' links
+        return bad, _observed(_link_frame(pairs.a, pairs.b, topology), counts)
 
     def _beyond_boundary(self, observed: pd.Series, topology: pd.DataFrame, bad: pd.DataFrame) -> pd.DataFrame:
         """The degraded rows (src, dst, step) of the links degraded on more steps than the other links of
@@ -292,6 +360,64 @@ def _arrays(store: Store, sql: str, rows: int | None = None) -> dict[str, np.nda
     return store.run_with_retry(whole)
 
 
+_CHUNK = 1024
+"""Rows of the floors matrix per step of _CellRatios (temporaries of ~8 MB each at 1,000 steps)."""
+
+
+class _CellRatios:
+    """The floors matrix made, in place and _CHUNK rows at a time, the log ratios against its baselines
+    (p2p_series' baseline_s), with what _rows_degraded reads of them: the cells over the flag ratio with
+    real extra time (`bad`, its rows), per row the largest finite log ratio (`top`) and whether it has
+    one (`any_finite`), and the count of finite ones."""
+
+    def __init__(self, cfg: FlapConfig, pairs: LinkPairs, floors: np.ndarray) -> None:
+        base, group = pairs.baselines(floors)
+        src, dst = pairs.directed()
+        flag = np.log(cfg.flag_ratio)
+        self.top = np.full(len(floors), -np.inf)
+        self.any_finite = np.zeros(len(floors), dtype=bool)
+        self.finite = 0
+        parts = []
+        for r0 in range(0, len(floors), _CHUNK):
+            f = floors[r0:r0 + _CHUNK]
+            b = base[group[r0:r0 + _CHUNK]]
+            lr = np.full(f.shape, np.nan)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                np.divide(f, b, out=lr, where=b != 0)   # as _rows_degraded: NaN without a baseline
+                np.log(lr, out=lr)
+                r, c = np.nonzero((lr >= flag) & (f - b >= cfg.min_extra_s))
+            fr, br = f[r, c], b[r, c]
+            parts.append(pd.DataFrame({"src": src[r0 + r], "dst": dst[r0 + r], "step": c + np.int64(pairs.lo),
+                                       "floor_s": fr, "baseline_s": br, "ratio": fr / br, "lr": lr[r, c]}))
+            finite = np.isfinite(lr)
+            self.finite += int(np.count_nonzero(finite))
+            self.any_finite[r0:r0 + len(f)] = finite.any(axis=1)
+            self.top[r0:r0 + len(f)] = np.where(finite, lr, -np.inf).max(axis=1)
+            f[...] = lr
+        self.lr = floors
+        """The log ratios (the floors' memory)."""
+        self.bad = pd.concat(parts, ignore_index=True)
+
+
+class _SqlPairs:
+    """The pairing in SQL (p2p_links.sql's table), where read_pairs' dense cells would not fit: the same
+    arrays as LinkPairs.series() and .stalls()."""
+
+    def __init__(self, store: Store, warm: list[int]) -> None:
+        self.store = store
+        store.execute(load_sql("p2p_links"), {"warm": warm})
+
+    def series(self) -> dict[str, np.ndarray]:
+        """p2p_series' rows: one per direction with a floor."""
+        n = self.store.query("SELECT count(ab_floor_s) + count(ba_floor_s) AS n FROM p2p_link_pairs").n.iloc[0]
+        return _arrays(self.store, load_sql("p2p_series"), int(n))
+
+    def stalls(self) -> dict[str, np.ndarray]:
+        """p2p_stalls' rows: one per link (a < b) and step."""
+        n = self.store.query("SELECT count(*) AS n FROM p2p_link_pairs WHERE a < b").n.iloc[0]
+        return _arrays(self.store, load_sql("p2p_stalls"), int(n))
+
+
 class _LinkIds:
     """The links of a p2p series (one row per link-step, ends in either order) by dense ids: per row its
     directed link (src -> dst), per directed link its unordered one, per unordered link its ends (a < b)
@@ -312,10 +438,7 @@ class _LinkIds:
         unordered, ucodes = pd.factorize(np.minimum(s, d) * width + np.maximum(s, d))
         self.unordered_of = unordered.astype(np.int32)
         """Per directed link: its unordered link."""
-        a, b = np.asarray(ucodes) // width, np.asarray(ucodes) % width
-        pp = topology.set_index("rank")["pp"]
-        pa, pb = pp.reindex(a).to_numpy(), pp.reindex(b).to_numpy()
-        self.links = pd.DataFrame({"lo": np.minimum(pa, pb), "hi": np.maximum(pa, pb), "a": a, "b": b})
+        self.links = _link_frame(np.asarray(ucodes) // width, np.asarray(ucodes) % width, topology)
         """Per unordered link: lo, hi (its stages, NaN for a rank without one), a, b."""
 
     def unordered(self) -> np.ndarray:
@@ -341,9 +464,43 @@ class _LinkIds:
         else:  # sparse steps: the first row of each (link, step) cell
             first = ~pd.Series(cell).duplicated().to_numpy()
             counts = np.bincount(link[first], minlength=n_links)
-        links = self.links.assign(n=counts).dropna(subset=["lo", "hi"])
-        links = links[links.n > 0].sort_values(["lo", "hi", "a", "b"])
-        return pd.Series(links.n.to_numpy(), index=pd.MultiIndex.from_frame(links[["lo", "hi", "a", "b"]]))
+        return _observed(self.links, counts)
+
+
+def _step_times(bounds: pd.DataFrame, lo: int, span: int) -> np.ndarray:
+    """The median step time of steps lo .. lo + span - 1 (NaN for a step without bounds, as a reindex
+    gives; indexing by offset: a reindex of 10.75 M rows' steps took ~0.5 s)."""
+    per_step = np.full(span, np.nan)
+    known = bounds.index.to_numpy(dtype=np.int64)
+    inside = (known >= lo) & (known < lo + span)
+    per_step[known[inside] - lo] = bounds.step_time_s.to_numpy(dtype=float)[inside]
+    return per_step
+
+
+def _observed(links: pd.DataFrame, counts: np.ndarray) -> pd.Series:
+    """Per unordered link (`links`: lo, hi, a, b) its observed steps (`counts`), indexed (lo, hi, a, b) in
+    order; links without a stage or a step left out."""
+    links = links.assign(n=counts).dropna(subset=["lo", "hi"])
+    links = links[links.n > 0].sort_values(["lo", "hi", "a", "b"])
+    return pd.Series(links.n.to_numpy(), index=pd.MultiIndex.from_frame(links[["lo", "hi", "a", "b"]]))
+
+
+def _link_frame(a: np.ndarray, b: np.ndarray, topology: pd.DataFrame) -> pd.DataFrame:
+    """Per unordered link (ends a <= b) its stages lo <= hi (NaN for a rank without one), a, b (int64)."""
+    pp = topology.set_index("rank")["pp"]
+    a, b = a.astype(np.int64), b.astype(np.int64)
+    pa, pb = pp.reindex(a).to_numpy(), pp.reindex(b).to_numpy()
+    return pd.DataFrame({"lo": np.minimum(pa, pb), "hi": np.maximum(pa, pb), "a": a, "b": b})
+
+
+def _dense_rows(has: np.ndarray) -> tuple[np.ndarray, slice] | None:
+    """(rows, columns) of the cells `has` marks when they fill that block (every row with a cell has one
+    on every column from the first to the last with any): _keyed_noise's matrix; else None."""
+    keys = np.asarray(has.any(axis=1))
+    cols = np.flatnonzero(has.any(axis=0))
+    block = slice(int(cols[0]), int(cols[-1]) + 1) if len(cols) else slice(0, 0)
+    n = int(np.count_nonzero(keys)) * (block.stop - block.start)
+    return (keys, block) if n == int(np.count_nonzero(has)) else None
 
 
 def _key_ids(series: pd.DataFrame, key: list[str]) -> np.ndarray:
@@ -398,8 +555,13 @@ def _above_boundary_peaks(links: _LinkIds, lr: np.ndarray, bad: pd.DataFrame) ->
         link, lr = link[finite], lr[finite]
     top = np.full(len(links.links), -np.inf)
     np.maximum.at(top, link, lr)   # each link's largest finite log ratio (a groupby took ~1 s)
-    has = np.bincount(link, minlength=len(top)) > 0
-    peak = links.links[has].assign(lr=top[has]).dropna(subset=["lo", "hi"])
+    return _above_peaks(links.links, top, np.bincount(link, minlength=len(top)) > 0, bad)
+
+
+def _above_peaks(links: pd.DataFrame, top: np.ndarray, has: np.ndarray, bad: pd.DataFrame) -> pd.DataFrame:
+    """_above_boundary_peaks given per unordered link (`links`: lo, hi, a, b) its largest finite log
+    ratio (`top`) and whether it has one (`has`)."""
+    peak = links[has].assign(lr=top[has]).dropna(subset=["lo", "hi"])
     peak = peak.sort_values(["lo", "hi", "a", "b"]).reset_index(drop=True)
     peak["typical"] = leave_one_out_median(peak, ["lo", "hi"], "lr")
     typical = peak.set_index(["a", "b"]).typical

@@ -2,6 +2,8 @@
 -- from ONE pairing of the two ends' rows (each rank's row toward the other: a join of 10.75 M rows to
 -- 10.75 M at 12,288 ranks x 1,000 steps, where p2p_series and p2p_stalls each joined before: 21.5 M
 -- sends to 21.5 M recvs, then the two ends again). Reads _p2p_peer_step (event_pass.py), not the events.
+-- The flap detector pairs the ends in numpy (detect/p2p_pairs.py: the same rows, dense links x steps
+-- cells) and takes this table only where those cells would not be dense (a sampled trace's steps).
 -- Transfer time with peer waiting removed: a transfer's span ends on both sides when it completes, so
 -- its effective time end - max(send issue, recv issue) = min(send duration, recv duration); the
 -- per-step floor over the link's transfers is then min(min send duration, min recv duration).

@@ -178,7 +178,8 @@ class _Cells:
     row as it came, gathering and scattering each cell's values again, took ~3x the CPU)."""
 
     def __init__(self, n: int) -> None:
-        self.send, self.recv, self.gap = (np.full((2, n), np.nan) for _ in range(3))
+        # not filled with NaN here: a dense layout writes nearly every cell, and pairs() fills the rest
+        self.send, self.recv, self.gap = (np.empty((2, n)) for _ in range(3))
         self.seen = np.zeros((2, n), np.bool_)
         self.n = n
         self.rows = 0
@@ -209,6 +210,10 @@ class _Cells:
         two, as p2p_links: NaN, a NULL, is skipped), the stall of both ends (0 for one end alone). The
         floors are written over the sends, the stall over the receives (no new cells arrays)."""
         send, recv, gap, seen = self.send, self.recv, self.gap, self.seen
+        unseen = ~seen
+        for values in (send, recv, gap):
+            np.copyto(values, np.nan, where=unseen)   # a side without a row: NULL
+        del unseen
         both = np.isnan(send[0]) | np.isnan(recv[1])   # a -> b: no floor
         np.fmin(send[0], recv[1], out=send[0])
         send[0, both] = np.nan

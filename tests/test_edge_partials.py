@@ -169,10 +169,20 @@ def test_what_it_does_not_take_goes_to_the_macro(tmp_path):
 
 # ---- through the event pass ------------------------------------------------------------------------
 
-def test_event_pass_on_big_segments_equals_the_macro_merge(tmp_path):
+@pytest.fixture(scope="module")
+def big_job(tmp_path_factory) -> Path:
+    """16 ranks x 1,000 steps: 137 KB segments, the numpy path."""
+    cfg = EdgeGenConfig(dp=2, tp=8, pp=1, steps=1000, faults=[])
+    return generate(tmp_path_factory.mktemp("edge-partials-big") / "run", cfg, batch_ranks=16)
+
+
+@pytest.mark.parametrize("batch_ranks", [ep.BATCH_RANKS, 4])
+def test_event_pass_on_big_segments_equals_the_macro_merge(big_job, monkeypatch, batch_ranks):
     """A 16-rank x 1,000-step job (137 KB segments: the numpy path): from_edge_summaries' collective
-    instances equal collective_instances_of over the macro's partials of the whole run."""
-    run = generate(tmp_path / "run", EdgeGenConfig(dp=2, tp=8, pp=1, steps=1000, faults=[]), batch_ranks=16)
+    instances equal collective_instances_of over the macro's partials of the whole run; in one batch,
+    and in 4 (each batch's instances split, those spread over batches merged)."""
+    monkeypatch.setattr(ep, "BATCH_RANKS", batch_ranks)
+    run = big_job
     files = _files(run, range(16))
     assert numpy_pays(files)
     opened = Run.open(run)
@@ -186,6 +196,29 @@ def test_event_pass_on_big_segments_equals_the_macro_merge(tmp_path):
     got, want = (f.sort_values(keys).reset_index(drop=True) for f in (got, want))
     pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12)
     assert len(got) == 1000 * (2 * 16 + 8 * 2)  # a step: 2 tp groups x 16 all-reduces, 8 dp groups x 2 ops
+
+
+def test_a_segment_damaged_mid_pass_sends_the_run_to_the_raw_events(big_job, tmp_path, monkeypatch):
+    """A cut edge_collectives segment in the third of 4 batches (listed before the open-time check
+    caught it): pyarrow cannot read it, so its batch goes to the macro, whose read finds and drops it;
+    then from_edge_summaries leaves no table and returns False (the raw events are the truth)."""
+    import shutil
+    copy = tmp_path / "run"
+    shutil.copytree(big_job, copy)
+    victim = sorted((copy / "edge_collectives" / "rank=00009").glob("*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[: len(victim.read_bytes()) // 2])
+    monkeypatch.setattr(ep, "BATCH_RANKS", 4)
+    store = Run.open(copy).store
+    assert ("edge_collectives", str(victim)) in store.damaged
+    store.files["edge_collectives"].append(str(victim))  # as if listed before the check caught it
+    store.files["edge_collectives"].sort()
+    store.damaged.clear()
+    store._excluded.discard("edge_collectives")
+    store._make_view("edge_collectives")
+    assert not ep.from_edge_summaries(store, ep.run_start_ns(store))
+    assert store.damaged == [("edge_collectives", str(victim))]
+    tables = set(store.query("SELECT table_name FROM duckdb_tables()").table_name)
+    assert not tables & {"rank_step", "_p2p_peer_step", "collective_instances", "_collective_partials"}
 
 
 def test_batch_files_are_the_batch_sources(job):

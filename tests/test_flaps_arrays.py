@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 
 from megascope.analyzer.data.store import Store, load_sql
-from megascope.analyzer.detect.flaps import _arrays, _key_ids, _keyed_noise, _LinkIds
+from megascope.analyzer.detect.flaps import _arrays, _key_ids, _keyed_noise
+from megascope.analyzer.detect.p2p_link_ids import LinkIds
 from megascope.analyzer.detect.peer_stats import noise_sigma
 from megascope.tracer.importers.cli import import_run
 from tests.megatron_1f1b_gen import GenConfig, write_parquet
@@ -38,7 +39,7 @@ def _old_noise(df: pd.DataFrame) -> float:
 
 
 def _noise(df: pd.DataFrame) -> float:
-    links = _LinkIds(df.src.to_numpy(), df.dst.to_numpy(), TOPO)
+    links = LinkIds(df.src.to_numpy(), df.dst.to_numpy(), TOPO)
     return _keyed_noise(links.directed, df.step.to_numpy(dtype=np.int64), df.lr.to_numpy(dtype=float))
 
 
@@ -88,7 +89,7 @@ def test_observed_steps_per_unordered_link():
     extra = pd.DataFrame({"src": [0, 0, 99], "dst": [4, 4, 3], "step": [100, 500, 100], "lr": 0.0})  # twice; no stage
     df = pd.concat([df, extra.astype({"src": np.int32, "dst": np.int32})], ignore_index=True)
     for steps in (df.step, df.step.where(df.step != 500, 10**9)):   # a bitmap, then steps too sparse for one
-        links = _LinkIds(df.src.to_numpy(), df.dst.to_numpy(), TOPO)
+        links = LinkIds(df.src.to_numpy(), df.dst.to_numpy(), TOPO)
         got = links.observed_steps(steps.to_numpy(dtype=np.int64))
         assert list(got.index.names) == ["lo", "hi", "a", "b"]
         assert {(int(a), int(b)): int(n) for (_, _, a, b), n in got.items()} == _observed_reference(

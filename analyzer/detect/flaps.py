@@ -33,9 +33,15 @@ from megascope.analyzer.data.group_instances import group_members
 from megascope.analyzer.data.store import Store, load_sql
 from megascope.analyzer.detect.context import DetectContext
 from megascope.analyzer.detect.episodes import runs
+from megascope.analyzer.detect.p2p_link_ids import (
+    LinkIds,
+    above_boundary_peaks,
+    above_peaks,
+    link_frame,
+    observed_counts,
+)
 from megascope.analyzer.detect.p2p_pairs import LinkPairs, read_pairs
 from megascope.analyzer.detect.peer_stats import (
-    leave_one_out_median,
     noise_sigma,
     noise_sigma_dense,
     warmup_steps,
@@ -108,7 +114,7 @@ class FlapDetector:
 
     def _rows_degraded(self, s: dict[str, np.ndarray], topology: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series] | None:
         """The degraded p2p rows (src, dst, step, floor_s, baseline_s, ratio, lr) beyond the noise and the
-        boundary's peaks, and the observed steps per link (_LinkIds.observed_steps), from p2p_series' rows
+        boundary's peaks, and the observed steps per link (LinkIds.observed_steps), from p2p_series' rows
         (`s`); None without rows."""
         # numpy arrays, not a frame: at 12,288 x 1,000 the series is 21.5 M link-steps, and only the few
         # degraded ones become rows (warm-up steps are left out by the pairing)
@@ -131,10 +137,10 @@ class FlapDetector:
                             "lr": lr[rows]})
         src, dst, step = s["src"], s["dst"], s["step"]
         del s, floor, base  # what is left reads the links, steps and log ratios
-        links = _LinkIds(src, dst, topology)
+        links = LinkIds(src, dst, topology)
         del src, dst
         bad = bad[bad.lr.to_numpy() >= self._threshold(_keyed_noise(links.directed, step, lr))]
-        return _above_boundary_peaks(links, lr, bad), links.observed_steps(step)
+        return above_boundary_peaks(links, lr, bad), links.observed_steps(step)
 
     def _cells_degraded(self, pairs: LinkPairs, topology: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series] | None:
         """_rows_degraded on the pairing's matrices (p2p_pairs.py): the same rows and observed steps,
@@ -150,7 +156,7 @@ class FlapDetector:
         ratios = _CellRatios(self.cfg, pairs, floors)
         lr = ratios.lr   # the floors' memory
         bad = ratios.bad
-        links = _link_frame(pairs.a, pairs.b, topology)
+        links = link_frame(pairs.a, pairs.b, topology)
         block = _dense_rows(has) if ratios.finite == n_rows else None
         if block is not None:   # every directed link with a floor has one on every step in between
             keys, cols = block
@@ -164,8 +170,8 @@ class FlapDetector:
         if not bad.empty:
             top = np.maximum(ratios.top[:n_links], ratios.top[n_links:])
             seen = ratios.any_finite[:n_links] | ratios.any_finite[n_links:]
-            bad = _above_peaks(links, top, seen, bad)
-        return bad, _observed(links, observed)
+            bad = above_peaks(links, top, seen, bad)
+        return bad, observed_counts(links, observed)
 
     def _stalls(self, store: Store, pairs: LinkPairs | _SqlPairs, n_steps: int, bounds: pd.DataFrame) -> list[Finding]:
         got = self._stall_cells(pairs, bounds, store.topology) if isinstance(pairs, LinkPairs) else \
@@ -194,7 +200,7 @@ class FlapDetector:
                             "baseline_s": b, "ratio": ratio})
         if bad.empty:
             return None
-        return bad, _LinkIds(s["a"], s["b"], topology).observed_steps(step)
+        return bad, LinkIds(s["a"], s["b"], topology).observed_steps(step)
 
     def _stall_cells(self, pairs: LinkPairs, bounds: pd.DataFrame,
                      topology: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series] | None:
@@ -218,12 +224,12 @@ class FlapDetector:
         if bad.empty:
             return None
         counts = np.where(group < len(base) - 1, pairs.present.sum(axis=1), 0)   # p2p_stalls' links
-        return bad, _observed(_link_frame(pairs.a, pairs.b, topology), counts)
+        return bad, observed_counts(link_frame(pairs.a, pairs.b, topology), counts)
 
     def _beyond_boundary(self, observed: pd.Series, topology: pd.DataFrame, bad: pd.DataFrame) -> pd.DataFrame:
         """The degraded rows (src, dst, step) of the links degraded on more steps than the other links of
         their boundary (same pair of stages) explain: count > n*p0 + z*sqrt(n*p0*(1-p0)), with n the
-        link's observed steps (`observed`, _LinkIds.observed_steps) and p0 the other links' share of
+        link's observed steps (`observed`, LinkIds.observed_steps) and p0 the other links' share of
         degraded steps."""
         if bad.empty:
             return bad
@@ -418,55 +424,6 @@ class _SqlPairs:
         return _arrays(self.store, load_sql("p2p_stalls"), int(n))
 
 
-class _LinkIds:
-    """The links of a p2p series (one row per link-step, ends in either order) by dense ids: per row its
-    directed link (src -> dst), per directed link its unordered one, per unordered link its ends (a < b)
-    and stages (lo <= hi). One int64 code per row hashed once: grouping 21.5 M link-steps by two or four
-    columns took seconds, and each grouping repeated it."""
-
-    def __init__(self, src: np.ndarray, dst: np.ndarray, topology: pd.DataFrame) -> None:
-        width = int(max(src.max(), dst.max())) + 1 if len(src) else 1
-        code = src.astype(np.int64)   # src * width + dst, in place (each temporary: 172 MB at 21.5 M rows)
-        code *= width
-        code += dst
-        directed, codes = pd.factorize(code)
-        del code
-        self.directed = directed.astype(np.int32)
-        """Per row: its directed link."""
-        codes = np.asarray(codes, dtype=np.int64)
-        s, d = codes // width, codes % width
-        unordered, ucodes = pd.factorize(np.minimum(s, d) * width + np.maximum(s, d))
-        self.unordered_of = unordered.astype(np.int32)
-        """Per directed link: its unordered link."""
-        self.links = _link_frame(np.asarray(ucodes) // width, np.asarray(ucodes) % width, topology)
-        """Per unordered link: lo, hi (its stages, NaN for a rank without one), a, b."""
-
-    def unordered(self) -> np.ndarray:
-        """Per row: its unordered link."""
-        return self.unordered_of[self.directed]
-
-    def observed_steps(self, step: np.ndarray) -> pd.Series:
-        """Steps observed per unordered link (either direction), indexed (lo, hi, a, b) like a groupby of
-        _link_steps (links without a stage left out)."""
-        link = self.unordered()
-        n_links = len(self.links)
-        lo = int(step.min()) if len(step) else 0
-        span = int(step.max()) - lo + 1 if len(step) else 1
-        cell = link.astype(np.int64)   # link * span + step - lo, in place
-        cell *= span
-        cell += step
-        cell -= lo
-        if n_links * span <= max(4 * len(step), 1 << 24):
-            # a (link, step) bitmap: each link-step marked once however many rows it has
-            seen = np.zeros(n_links * span, dtype=bool)
-            seen[cell] = True
-            counts = seen.reshape(n_links, span).sum(axis=1)
-        else:  # sparse steps: the first row of each (link, step) cell
-            first = ~pd.Series(cell).duplicated().to_numpy()
-            counts = np.bincount(link[first], minlength=n_links)
-        return _observed(self.links, counts)
-
-
 def _step_times(bounds: pd.DataFrame, lo: int, span: int) -> np.ndarray:
     """The median step time of steps lo .. lo + span - 1 (NaN for a step without bounds, as a reindex
     gives; indexing by offset: a reindex of 10.75 M rows' steps took ~0.5 s)."""
@@ -475,22 +432,6 @@ def _step_times(bounds: pd.DataFrame, lo: int, span: int) -> np.ndarray:
     inside = (known >= lo) & (known < lo + span)
     per_step[known[inside] - lo] = bounds.step_time_s.to_numpy(dtype=float)[inside]
     return per_step
-
-
-def _observed(links: pd.DataFrame, counts: np.ndarray) -> pd.Series:
-    """Per unordered link (`links`: lo, hi, a, b) its observed steps (`counts`), indexed (lo, hi, a, b) in
-    order; links without a stage or a step left out."""
-    links = links.assign(n=counts).dropna(subset=["lo", "hi"])
-    links = links[links.n > 0].sort_values(["lo", "hi", "a", "b"])
-    return pd.Series(links.n.to_numpy(), index=pd.MultiIndex.from_frame(links[["lo", "hi", "a", "b"]]))
-
-
-def _link_frame(a: np.ndarray, b: np.ndarray, topology: pd.DataFrame) -> pd.DataFrame:
-    """Per unordered link (ends a <= b) its stages lo <= hi (NaN for a rank without one), a, b (int64)."""
-    pp = topology.set_index("rank")["pp"]
-    a, b = a.astype(np.int64), b.astype(np.int64)
-    pa, pb = pp.reindex(a).to_numpy(), pp.reindex(b).to_numpy()
-    return pd.DataFrame({"lo": np.minimum(pa, pb), "hi": np.maximum(pa, pb), "a": a, "b": b})
 
 
 def _dense_rows(has: np.ndarray) -> tuple[np.ndarray, slice] | None:
@@ -538,36 +479,6 @@ def _keyed_noise(key: np.ndarray, step: np.ndarray, lr: np.ndarray) -> float:
         cols = {k: v[kept] for k, v in cols.items()}
     # three dtypes, three blocks: copy=False keeps the arrays (one dtype twice would be stacked, a copy)
     return noise_sigma(pd.DataFrame(cols, copy=False), "lr", key="key")
-
-
-def _above_boundary_peaks(links: _LinkIds, lr: np.ndarray, bad: pd.DataFrame) -> pd.DataFrame:
-    """The degraded p2p rows whose log ratio exceeds the worst step of the boundary's typical link:
-    the median, over the OTHER links of the same pair of stages, of each link's largest log ratio in
-    the run. On a clean boundary that peak is a few noise sigmas, below the z_flag threshold, and this
-    changes nothing; on a boundary whose transfers all carry random peer waiting (+1.2-1.5 ms on 4 ms)
-    it is the top of that scatter, which a link's own fault (+4 ms) still clears. `lr`: the log ratio
-    of every row of the series `links` was built from."""
-    if bad.empty:
-        return bad
-    finite = np.isfinite(lr)
-    link = links.unordered()
-    if not finite.all():
-        link, lr = link[finite], lr[finite]
-    top = np.full(len(links.links), -np.inf)
-    np.maximum.at(top, link, lr)   # each link's largest finite log ratio (a groupby took ~1 s)
-    return _above_peaks(links.links, top, np.bincount(link, minlength=len(top)) > 0, bad)
-
-
-def _above_peaks(links: pd.DataFrame, top: np.ndarray, has: np.ndarray, bad: pd.DataFrame) -> pd.DataFrame:
-    """_above_boundary_peaks given per unordered link (`links`: lo, hi, a, b) its largest finite log
-    ratio (`top`) and whether it has one (`has`)."""
-    peak = links[has].assign(lr=top[has]).dropna(subset=["lo", "hi"])
-    peak = peak.sort_values(["lo", "hi", "a", "b"]).reset_index(drop=True)
-    peak["typical"] = leave_one_out_median(peak, ["lo", "hi"], "lr")
-    typical = peak.set_index(["a", "b"]).typical
-    pairs = pd.MultiIndex.from_arrays([bad[["src", "dst"]].min(axis=1), bad[["src", "dst"]].max(axis=1)])
-    limit = typical.reindex(pairs).fillna(-np.inf).to_numpy()   # a link alone on its boundary: no peers
-    return bad[bad.lr.to_numpy() > limit]
 
 
 def _link_steps(rows: pd.DataFrame, topology: pd.DataFrame, dedupe: bool = True) -> pd.DataFrame:

@@ -108,7 +108,8 @@ def test_a_sleep_outside_hooked_spans_is_the_slow_ranks_host_time_and_it_is_name
     assert len(slow) == STEPS - SLOW_FROM and (slow.gap_s >= SLEEP_S).all(), slow.gap_s.describe()
     assert (slow.own_s >= slow.gap_s).all()
     found = _culprits(run)
-    assert [f["ranks"] for f in found] == [[1]], [(f["kind"], f["ranks"], f["steps"], f["severity"]) for f in found]
+    assert [f["ranks"] for f in found] == [[1]], (f"other processes took {foreign:.0%} of the CPU",
+                                                  [(f["kind"], f["ranks"], f["steps"], f["severity"]) for f in found])
     named = found[0]
     if named["kind"] != "late_launch" and foreign > FOREIGN_SHARE_MAX:
         # seen once in a clean-clone run with another test process beside it: rank 1 named, but as a
@@ -120,7 +121,10 @@ def test_a_sleep_outside_hooked_spans_is_the_slow_ranks_host_time_and_it_is_name
     # the what-if cuts it: the replay anchors a rank's first event at its step's start (measured at load
     # 8: 25.4 ms saved a step, 0.0405 -> 0.0151 s, the run's own steps before the sleep 0.0114 s; anchored
     # at the event itself it saved 0.3 ms); two thirds of the sleep is the margin
-    assert named["evidence"]["excess_ms"] >= 20, named["evidence"]
+    # a clean-clone run on a quiet box once named it from the straggler detector's slow-compute stretch,
+    # whose evidence has no excess_ms: the what-if below judges the sleep's cost whichever detector named it
+    if "excess_ms" in named["evidence"]:
+        assert named["evidence"]["excess_ms"] >= 20, named["evidence"]
     assert named["what_if"]["saved_per_step_s"] >= 2 / 3 * SLEEP_S, named["what_if"]
 
 

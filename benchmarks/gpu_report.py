@@ -5,7 +5,9 @@ against the FLOPs formula), the step-time breakdown, and each run's findings.
 
 MFU and HFU are means over the steps after the first `--skip` (compilation, allocator warm-up):
 the analyzer's timeline (model FLOPs / (step time x world x peak)) beside the same from the steps
-table's median step time and docs/model.md's formula (trainer/modeling/flops.py).
+table's median step time and docs/model.md's formula (trainer/modeling/flops.py). The device table
+gives NVML's view of the same steps (the SM clock the power cap allows) and, where `trace.cupti` was
+on, CUPTI's kernel records per step (what its cost is divided by).
 """
 
 from __future__ import annotations
@@ -73,6 +75,24 @@ def breakdown_row(path: str, skip: int) -> str:
             + " | ".join(f"{c * 1e3:.1f} ({c / total * 100:.1f}%)" for c in cells) + " |")
 
 
+def device_row(path: str, skip: int) -> str:
+    run = Run.open(path)
+    first, last = measured(run, skip)
+    steps = run.steps()
+    steps = steps[steps.step.between(first, last)]
+    window = {"lo": int(steps.start_ns.min()), "hi": int(steps.end_ns.max())}
+    gpu = run.gpu()
+    gpu = gpu[gpu.ts_ns.between(window["lo"], window["hi"])]
+    kernels = run.store.query("SELECT count(*) AS n FROM kernels WHERE start_ns BETWEEN $lo AND $hi", window)
+    per_step = int(kernels.n.iloc[0]) / (last - first + 1)
+    if gpu.empty:
+        return f"| {Path(path).name} | {per_step:,.0f} | - | - | - | - | - |"
+    reasons = gpu.throttle_reasons.mode()
+    return (f"| {Path(path).name} | {per_step:,.0f} | {gpu.sm_clock_mhz.median():,.0f} | {gpu.power_w.median():.0f} "
+            f"| {gpu.gpu_util.median():.1f} | {gpu.mem_used_bytes.max() / 1e9:.1f} | "
+            f"{int(reasons.iloc[0]) if len(reasons) else '-'} |")
+
+
 def findings(path: str) -> list[str]:
     found = Run.open(path).findings()
     if not found:
@@ -100,6 +120,12 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for path in args.runs:
         print(breakdown_row(path, args.skip))
+    print("\nDevice over the measured steps (NVML medians, peak memory; CUPTI kernel records per step):")
+    print("| run | kernels/step (CUPTI) | SM clock (MHz) | power (W) | GPU util (%) | peak memory (GB) "
+          "| throttle reasons (NVML mask, mode) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for path in args.runs:
+        print(device_row(path, args.skip))
     print("\nFindings (megascope analyze):")
     for path in args.runs:
         print("\n".join(findings(path)))

@@ -4,17 +4,17 @@
 # A lent device gives one call of at most 600 s, so the parts run in priority order under one deadline
 # (BUDGET seconds from the start, default 540): each part gets the smaller of its own limit and the time
 # left, a part that would get under 30 s is skipped, and a hang stops only its part:
-#   0. SDPA's backends alone on gpu-2b's attention shape (benchmarks/sdpa_backends.py);
-#   1. MFU: `megascope train --preset gpu-2b` traced (CUDA events + NVML), then benchmarks/gpu_report.py
-#      (the analyzer's MFU timeline, the formula cross-check, the step-time breakdown);
-#   2-4. the changes that may raise MFU, each alone (train.attention_backend=cudnn, train.compile_loss),
-#      then together with 64 sequences a step, in one table with the baseline;
-#   5. straggler: two ranks sharing the GPU (gloo), rank 1's kernels slowed by extra matmuls, analyzed;
-#   6. the GPU tests;
-#   7. with what is left: the tracer's cost (tracing off / default interleaved in one process), CUPTI's
-#      cost, eager blocks, window attention.
-# Measured on an H100 (2026-11-27, first round of this order): mfu 93 s, tracer cost ~225 s (24 rounds;
-# ~135 s of it before the first round: start, compilation, warm-up), straggler 35 s, eager 76 s.
+#   1. MFU: `megascope train --preset gpu-2b` traced (CUDA events + NVML);
+#   2-3. the changes that may raise MFU, each alone: micro-batches of 8, then also 64 sequences a step;
+#   4-5. CUPTI kernel activity on the same training run, with its 8 MiB buffers, then 64 MiB;
+#   6. straggler: two ranks sharing the GPU (gloo), rank 1's kernels slowed by extra matmuls;
+#   7. the GPU tests (the gpu marker);
+#   8. benchmarks/gpu_report.py over the runs (MFU from the analyzer and the formula, the step-time
+#      breakdown, NVML clock and power, CUPTI kernels per step, findings);
+#   9. with what is left: the tracer's cost (tracing off / default interleaved in one process), eager
+#      blocks, SDPA's backends, window attention.
+# Measured on an H100 (2026-11-27, round 3): mfu 93 s, tracer cost ~225 s (24 rounds; ~135 s of it before
+# the first round: start, compilation, warm-up), straggler 35 s, eager 76 s.
 # Few files come back from a lent device (8 at most): everything goes into summary.md and runs.tgz.
 # DRY_RUN=1 runs the same plumbing on the CPU with the tiny preset (a check of this script, not a result).
 set -uo pipefail
@@ -26,19 +26,20 @@ mkdir -p "$OUT" && rm -rf "$RUNS" && mkdir -p "$LOGS" && : >"$SUMMARY"
 export PYTHONUNBUFFERED=1
 PY=${PY:-python3}
 if [ "${DRY_RUN:-0}" = 1 ]; then
-  PRESET=(--preset tiny --device cpu); STEPS=6; SKIP=2; ROUNDS=3; CUPTI_ROUNDS=2; EAGER_STEPS=6; DEVICE=cpu
-  BIG_STEPS=6; BIG_BATCH=32
+  PRESET=(--preset tiny --device cpu); STEPS=6; SKIP=2; ROUNDS=3; EAGER_STEPS=6; DEVICE=cpu
+  BIG_STEPS=6; BIG_BATCH=32; MB8=8
   STRAGGLER=(--preset tiny --device cpu --set train.global_batch=16); STRAGGLER_STEPS=24
 else
-  PRESET=(--preset gpu-2b); STEPS=10; SKIP=4; ROUNDS=24; CUPTI_ROUNDS=2; EAGER_STEPS=8; DEVICE=cuda
-  BIG_STEPS=8; BIG_BATCH=64  # 3.4 s steps: 8 of them cost what 16 do at 32 sequences
+  PRESET=(--preset gpu-2b); STEPS=10; SKIP=4; ROUNDS=24; EAGER_STEPS=8; DEVICE=cuda
+  BIG_STEPS=8; BIG_BATCH=64; MB8=8  # 3.4 s steps: 8 of them cost what 16 do at 32 sequences
   STRAGGLER=(--preset gpu --set model.n_layers=8 --set train.global_batch=16); STRAGGLER_STEPS=30
   if ls .whl/*.whl >/dev/null 2>&1; then  # duckdb, cupti-python where the image lacks them
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
       && export PYTHONPATH=/tmp/site
   fi
   $PY -m pip install -q --no-deps --no-build-isolation -e . >"$LOGS/install.log" 2>&1 || cat "$LOGS/install.log"
-  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit --format=csv | tee -a "$SUMMARY"
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,power.limit,driver_version --format=csv | tee -a "$SUMMARY"
+  $PY -m pip list 2>/dev/null | grep -i -e cupti -e duckdb -e triton | tee -a "$SUMMARY"
 fi
 $PY -c "import torch, duckdb; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'duckdb', duckdb.__version__)" \
   | tee -a "$SUMMARY"
@@ -65,9 +66,6 @@ part() {  # part NAME SECONDS CMD...: run under min(SECONDS, time left), log to 
 show() { grep -v -e Warning -e warn "$LOGS/$1.log" | tail -n "${2:-40}" | tee -a "$SUMMARY"; }
 TRAIN=($PY -m megascope train)
 
-# 0. Which SDPA backend computes gpu-2b's attention fastest (seconds; decides what part 2 measures).
-[ "$DEVICE" = cuda ] && part sdpa 60 $PY benchmarks/sdpa_backends.py && show sdpa
-
 # 1. MFU, traced with the default tracing; a smaller micro-batch only if the first does not fit.
 MFU_SET=()
 if ! part mfu 200 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS --run-dir "$RUNS/mfu" \
@@ -76,46 +74,49 @@ if ! part mfu 200 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS --run-dir "$RUNS/m
   MFU_SET=(--set train.micro_batch=2)
   part mfu-mb2 150 "${TRAIN[@]}" "${PRESET[@]}" --steps $STEPS "${MFU_SET[@]}" --run-dir "$RUNS/mfu"
 fi
-part report 60 $PY benchmarks/gpu_report.py "$RUNS/mfu" --skip $SKIP && show report
 
-# 2-4. Each change that may raise MFU alone, then together (the same preset and tracing otherwise):
-#   cuDNN's attention kernels first, the compiled loss, 64 sequences a step (the optimizer paid once
-#   per 16 micro-batches instead of 8).
+# 2-3. Each change that may raise MFU alone, the same preset and tracing otherwise (round 4): micro-batches
+#   of 8 (larger GEMMs; fits a 141 GB H200, not an 80 GB H100), then 8 with 64 sequences a step (the
+#   optimizer paid once per 8 micro-batches of 8).
 VARIANTS=(mfu)
-variant() {  # variant NAME STEPS --set ...: one more MFU run
+variant() {  # variant NAME STEPS --set ...: one more traced training run
   local name=$1 steps=$2; shift 2
   part "$name" 150 "${TRAIN[@]}" "${PRESET[@]}" --steps "$steps" "${MFU_SET[@]}" "$@" --run-dir "$RUNS/$name" \
     && VARIANTS+=("$name")
 }
-variant mfu_cudnn $STEPS --set train.attention_backend=cudnn
-variant mfu_loss $STEPS --set train.compile_loss=true
-variant mfu_all $BIG_STEPS --set train.attention_backend=cudnn --set train.compile_loss=true \
-  --set train.global_batch=$BIG_BATCH
-part report_variants 60 $PY benchmarks/gpu_report.py "${VARIANTS[@]/#/$RUNS/}" --skip $SKIP \
-  && show report_variants 60
+variant mfu_mb8 $STEPS --set train.micro_batch=$MB8
+variant mfu_mb8_64 $BIG_STEPS --set train.micro_batch=$MB8 --set train.global_batch=$BIG_BATCH
 
-# 5. A straggler on a real device: two ranks on the one GPU (gloo), rank 1 slowed 1.5x from step 10.
+# 4-5. CUPTI kernel activity on the same run, its cost against the baseline's step time: the current 8 MiB
+#   buffers, then 64 MiB (kernel records per step in the device table divide the cost).
+variant mfu_cupti $STEPS --set trace.cupti=true
+variant mfu_cupti_64mb $STEPS --set trace.cupti=true --set trace.cupti_buffer_mb=64
+
+# 6. A straggler on a real device: two ranks on the one GPU (gloo), rank 1 slowed 1.5x from step 10.
 part straggler 120 "${TRAIN[@]}" "${STRAGGLER[@]}" --dp 2 --set train.backend=gloo --set parallel.zero=false \
   --steps $STRAGGLER_STEPS --inject straggler:rank=1,slowdown=1.5,from=10 --run-dir "$RUNS/straggler"
-part straggler_report 40 $PY benchmarks/gpu_report.py "$RUNS/straggler" --skip $SKIP && show straggler_report
 
-# 6. The GPU tests (the gpu marker: kernels, CUDA-event tracing, CUPTI, the device delay).
+# 7. The GPU tests (the gpu marker: kernels, CUDA-event tracing, CUPTI, the device delay).
 if [ "$DEVICE" = cuda ]; then
-  part gpu_tests 100 $PY -m pytest -q -p no:cacheprovider tests/test_kernels.py tests/test_tracer_gpu.py \
-    tests/test_gpu_delay.py tests/test_import_kineto_gpu.py tests/test_compile.py
-  show gpu_tests 15
+  part gpu_tests 150 $PY -m pytest -q -p no:cacheprovider -m gpu --durations=8 tests/test_kernels.py \
+    tests/test_tracer_gpu.py tests/test_gpu_delay.py
+  show gpu_tests 25
 fi
 
-# 7. What is left of the budget: the tracer's and CUPTI's cost, eager blocks, window attention.
+# 8. The tables (the run directories come back in runs.tgz too: gpu_report.py reads them anywhere).
+part report_variants 90 $PY benchmarks/gpu_report.py "${VARIANTS[@]/#/$RUNS/}" --skip $SKIP \
+  && show report_variants 60
+part straggler_report 40 $PY benchmarks/gpu_report.py "$RUNS/straggler" --skip $SKIP && show straggler_report
+
+# 9. What is left of the budget: the tracer's cost (tracing off / default interleaved in one process),
+#    eager blocks, SDPA's backends, window attention.
 part tracer_cost 260 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE \
   --rounds $ROUNDS --steps 1 --warmup 2 --progress "${MFU_SET[@]}"
 show tracer_cost 30
-part cupti_cost 200 $PY benchmarks/tracer_overhead.py "${PRESET[@]}" --dp 1 --pp 1 --device $DEVICE --cupti \
-  --rounds $CUPTI_ROUNDS --steps 1 --warmup 2 --progress "${MFU_SET[@]}"
-show cupti_cost 30
 part mfu_eager 120 "${TRAIN[@]}" "${PRESET[@]}" --steps $EAGER_STEPS --set train.compile=false "${MFU_SET[@]}" \
   --run-dir "$RUNS/mfu_eager"
 part report_eager 40 $PY benchmarks/gpu_report.py "$RUNS/mfu" "$RUNS/mfu_eager" --skip $SKIP && show report_eager
+[ "$DEVICE" = cuda ] && part sdpa 60 $PY benchmarks/sdpa_backends.py && show sdpa
 [ "$DEVICE" = cuda ] && part attention 60 $PY benchmarks/attention_window.py && show attention
 echo "=== done in $SECONDS s of the ${BUDGET}s budget" | tee -a "$SUMMARY"
 tar czf "$OUT/runs.tgz" -C "$RUNS" . 2>/dev/null

@@ -49,6 +49,9 @@ class TraceConfig:
     from one-off stalls (tracer/step_summary.py); 0 = off."""
     cupti: bool = False
     """Record kernel activity with CUPTI (cupti-python) into the kernels table."""
+    cupti_buffer_mb: int = 8
+    """Size of each buffer CUPTI fills with kernel records (MiB); CUPTI hands a buffer back when it is
+    full or flushed (every flush interval), so larger buffers mean fewer, bigger hand-overs."""
 
 
 def flush_interval(cfg: TraceConfig, world: int) -> float:

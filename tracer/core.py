@@ -133,7 +133,7 @@ class Tracer:
             from megascope.tracer.cupti_kernels import CuptiKernelRecorder
 
             self.cupti = CuptiKernelRecorder(self.device, self.clock, self.buffers["kernels"].append,
-                                             self.flush_interval_s)
+                                             self.flush_interval_s, cfg.cupti_buffer_mb)
 
     # -- guarded failure path ----------------------------------------------------------------
     def _failed(self, where: str, exc: BaseException) -> None:

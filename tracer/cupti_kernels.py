@@ -34,8 +34,9 @@ def _cupti_to_mono_ns(cupti: Any, samples: int = 7) -> int:
 
 class CuptiKernelRecorder:
     def __init__(self, device: torch.device, clock: HostClock, emit: Callable[[tuple], None],
-                 flush_s: float = 2.0) -> None:
+                 flush_s: float = 2.0, buffer_mb: int = 8) -> None:
         self.clock = clock
+        self._buffer_bytes = buffer_mb * 1024 * 1024
         self.emit = emit
         self.kernels = 0
         self._cupti: Any = None
@@ -63,9 +64,8 @@ class CuptiKernelRecorder:
     def active(self) -> bool:
         return self._cupti is not None
 
-    @staticmethod
-    def _buffer_requested() -> tuple[int, int]:
-        return 8 * 1024 * 1024, 0  # 8 MiB buffers, no record limit
+    def _buffer_requested(self) -> tuple[int, int]:
+        return self._buffer_bytes, 0  # no record limit
 
     def _buffer_completed(self, activities: list) -> None:
         shift = self._offset + self.clock.shift_ns

@@ -14,7 +14,10 @@
 #   9. with what is left: the tracer's cost (tracing off / default interleaved in one process), eager
 #      blocks, SDPA's backends, window attention.
 # Measured on an H100 (2026-11-27, round 3): mfu 93 s, tracer cost ~225 s (24 rounds; ~135 s of it before
-# the first round: start, compilation, warm-up), straggler 35 s, eager 76 s.
+# the first round: start, compilation, warm-up), straggler 35 s, eager 76 s. On an H200 (2026-11-28, round
+# 4): mfu 92 s, mfu_mb8 101, mfu_mb8_64 89, the CUPTI runs 99 and 88 (Inductor's cache warm), straggler 31,
+# the GPU tests 25 s alone: parts 1-7 fill the 570 s budget; the run directories come back in runs.tgz
+# and gpu_report.py gives the tables on any machine.
 # Few files come back from a lent device (8 at most): everything goes into summary.md and runs.tgz.
 # DRY_RUN=1 runs the same plumbing on the CPU with the tiny preset (a check of this script, not a result).
 set -uo pipefail

@@ -27,13 +27,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     # machine of the same kind), and peaked at 66.6 GB (NVML).
     # 32 sequences (65k tokens) a step: the fused optimizer pass (43 ms) is paid once per 8
     # micro-batches, still far below the ~1M-token batches models of this size train with (GPT-3 2.7B).
-    # Measured: 52.4% MFU on one H100 (README "GPU").
+    # Measured: 53.0% MFU on one H100, 55.5% on one H200 (README "GPU").
     "gpu-2b": {
         "model": {"n_layers": 24, "hidden": 2560, "n_heads": 20, "seq_len": 2048, "vocab_size": 50304},
         "train": {"global_batch": 32, "micro_batch": 4, "lr": 2e-4, "min_lr": 2e-5,
                   "warmup_steps": 50, "dtype": "bf16", "device": "cuda", "compile": True,
                   # H100, GPU round 3: 52.0% -> 53.0% MFU (step 1.733 -> 1.702 s) with the compiled loss
                   "compile_loss": True},
+    },
+    # The same model for a 141 GB card (H200): micro-batches of 8 (larger GEMMs; 83 GB peak, past an
+    # 80 GB H100) and 64 sequences a step (the optimizer paid once per 8 micro-batches). H200, GPU round 4:
+    # gpu-2b 55.5% MFU, micro-batches of 8 58.0%, and 64 sequences 58.6% (README "GPU").
+    "gpu-2b-141g": {
+        "model": {"n_layers": 24, "hidden": 2560, "n_heads": 20, "seq_len": 2048, "vocab_size": 50304},
+        "train": {"global_batch": 64, "micro_batch": 8, "lr": 2e-4, "min_lr": 2e-5,
+                  "warmup_steps": 50, "dtype": "bf16", "device": "cuda", "compile": True, "compile_loss": True},
     },
 }
 

@@ -122,5 +122,5 @@ class CuptiKernelRecorder:
                 self._cupti.activity_disable(self._kind)
             except Exception:
                 pass
-            log.info("tracer: CUPTI recorded %d kernels; %.2f s in its flushes, %.2f s of it in the record callback",
+            log.info("tracer: CUPTI recorded %d kernels; %.2f s in its flushes, %.2f s in the record callback",
                      self.kernels, self.flush_s, self.callback_s)

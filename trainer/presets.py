@@ -35,15 +35,13 @@ PRESETS: dict[str, dict[str, Any]] = {
                   # H100, GPU round 3: 52.0% -> 53.0% MFU (step 1.733 -> 1.702 s) with the compiled loss
                   "compile_loss": True},
     },
-    # The same model for a 141 GB card (H200): micro-batches of 8 (larger GEMMs; 83 GB peak, past an
-    # 80 GB H100) and 64 sequences a step (the optimizer paid once per 8 micro-batches). H200, GPU round 4:
-    # gpu-2b 55.5% MFU, micro-batches of 8 58.0%, and 64 sequences 58.6% (README "GPU").
-    "gpu-2b-141g": {
-        "model": {"n_layers": 24, "hidden": 2560, "n_heads": 20, "seq_len": 2048, "vocab_size": 50304},
-        "train": {"global_batch": 64, "micro_batch": 8, "lr": 2e-4, "min_lr": 2e-5,
-                  "warmup_steps": 50, "dtype": "bf16", "device": "cuda", "compile": True, "compile_loss": True},
-    },
 }
+
+# The same model for a 141 GB card (H200): micro-batches of 8 (larger GEMMs; 83 GB peak, past an 80 GB
+# H100) and 64 sequences a step (the optimizer paid once per 8 micro-batches). H200, GPU round 4: gpu-2b
+# 55.5% MFU, micro-batches of 8 58.0%, and 64 sequences 58.6% (README "GPU").
+PRESETS["gpu-2b-141g"] = {"model": PRESETS["gpu-2b"]["model"],
+                          "train": {**PRESETS["gpu-2b"]["train"], "global_batch": 64, "micro_batch": 8}}
 
 
 def preset(name: str) -> dict[str, Any]:

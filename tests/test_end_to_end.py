@@ -1,6 +1,7 @@
 """Through the real `megascope` command: train (elastic launch, 4 gloo ranks) -> trace -> analyze -> export."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -10,22 +11,24 @@ import pytest
 pytestmark = pytest.mark.slow
 
 
-def megascope(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def megascope(*args: str, timeout: float = 600, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "megascope", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=env)
 
 
 @pytest.fixture(scope="module")
 def straggler_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("e2e") / "run"
+    temp = tmp_path_factory.mktemp("e2e-tmpdir")  # the job's temporary files, to see what it leaves
     proc = megascope("train", "--preset", "tiny", "--dp", "2", "--pp", "2", "--steps", "16",
-                     "--run-dir", str(run), "--inject", "straggler:rank=1,slowdown=3,from=5")
+                     "--run-dir", str(run), "--inject", "straggler:rank=1,slowdown=3,from=5",
+                     env=dict(os.environ, TMPDIR=str(temp)))
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return run, proc.stdout
+    return run, proc.stdout, temp
 
 
 def test_train_prints_progress_and_writes_the_run_directory(straggler_run):
-    run, stdout = straggler_run
+    run, stdout, _ = straggler_run
     lines = [ln for ln in stdout.splitlines() if ln.startswith("step ")]
     assert len(lines) == 16 and "mfu(%)" in lines[0] and "tokens/s" in lines[0]
     assert "done: 16 steps" in stdout
@@ -43,8 +46,15 @@ def test_train_prints_progress_and_writes_the_run_directory(straggler_run):
             "grad_reduce_scatter", "param_all_gather", "grad_norm", "optimizer", "data_wait"} <= names
 
 
+def test_train_leaves_no_temporary_files_behind(straggler_run):
+    # torch's elastic agent made one /tmp/torchelastic_* per launch and never removed it; Inductor's
+    # torchinductor_<user> is a cache kept on purpose (it makes the next run's compilation fast)
+    _, _, temp = straggler_run
+    assert [p.name for p in temp.iterdir() if not p.name.startswith("torchinductor_")] == []
+
+
 def test_analyze_names_the_injected_straggler_not_its_victims(straggler_run):
-    run, _ = straggler_run
+    run, _, _ = straggler_run
     proc = megascope("analyze", str(run), "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = json.loads(proc.stdout)
@@ -56,7 +66,7 @@ def test_analyze_names_the_injected_straggler_not_its_victims(straggler_run):
 
 
 def test_export_writes_a_perfetto_trace(straggler_run, tmp_path):
-    run, _ = straggler_run
+    run, _, _ = straggler_run
     out = tmp_path / "trace.json"
     proc = megascope("export", str(run), "--perfetto", str(out), "--steps", "5:6")
     assert proc.returncode == 0, proc.stderr[-3000:]

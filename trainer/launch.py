@@ -15,6 +15,7 @@ import shutil
 import signal
 import socket
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -49,6 +50,7 @@ def _free_port() -> int:
 
 
 def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from megascope.trainer.worker import worker_main
@@ -106,11 +108,15 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
         start_resumed_launch(cfg)
     max_restarts = cfg.robust.max_restarts
     endpoint = args.rdzv_endpoint or f"127.0.0.1:{_free_port()}"
+    # torch's agent keeps per-attempt folders (empty: no output is redirected) under a mkdtemp of its own
+    # that it never removes, one /tmp/torchelastic_* per launch; this one goes when the job ends
+    agent_dir = tempfile.TemporaryDirectory(prefix="megascope-agent-")
     launch_cfg = LaunchConfig(
         min_nodes=nnodes, max_nodes=nnodes, nproc_per_node=nproc,
         run_id=rdzv_id, rdzv_backend=args.rdzv_backend, rdzv_endpoint=endpoint,
         rdzv_configs=rdzv_configs(args.rdzv_backend, args.node_rank, args.rdzv_timeout),
         max_restarts=max_restarts, monitor_interval=0.2, start_method="spawn",
+        logs_specs=DefaultLogsSpecs(log_dir=agent_dir.name),
     )
     # Each rank gets an even share of this node's cores (2 cores, 8 ranks -> 1 thread each).
     threads = max(1, (os.cpu_count() or 1) // nproc)
@@ -128,6 +134,7 @@ def launch(cfg: JobConfig, args: argparse.Namespace) -> int:
     code = run_job(cfg, args, url, endpoint, rdzv_id,
                    lambda: elastic_launch(launch_cfg, worker_main)(cfg.to_dict(), threads))
     guard.close()
+    agent_dir.cleanup()
     if guard.signum is not None:  # stopped: the job's cleanup is done; leave no thread or child behind
         sys.stdout.flush()
         sys.stderr.flush()

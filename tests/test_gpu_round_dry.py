@@ -20,10 +20,10 @@ def test_gpu_round_dry_run_completes_every_part(tmp_path: Path) -> None:
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     summary = (out / "summary.md").read_text()
     ended = dict(re.findall(r"^=== (\S+): rc=(\d+)", summary, re.M))
-    assert ended == {name: "0" for name in ("mfu", "mfu_mb8", "mfu_mb8_64", "mfu_cupti", "mfu_cupti_64mb",
+    assert ended == {name: "0" for name in ("mfu", "mfu_mb8", "mfu_mb8_64", "mfu_cupti", "mfu_cupti_every4",
                                             "straggler", "report_variants", "straggler_report", "tracer_cost",
                                             "mfu_eager", "report_eager")}, summary
-    assert all(f"| {name} |" in summary for name in ("mfu_mb8", "mfu_mb8_64", "mfu_cupti_64mb"))  # one table
+    assert all(f"| {name} |" in summary for name in ("mfu_mb8", "mfu_mb8_64", "mfu_cupti_every4"))  # one table
     assert "| kernels/step (CUPTI) |" in summary  # the device table (CPU: no NVML samples, no kernels)
     assert "| MFU (analyzer) |" in summary and "Step-time breakdown" in summary
     assert re.search(r"\| step time \(wall\) \| off \| on \| [\d.]+ \| [\d.]+ \| [\d.]+ \([\d.]+-[\d.]+\)", summary)

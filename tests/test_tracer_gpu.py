@@ -86,11 +86,12 @@ def test_nvml_sampler_fills_the_gpu_table():
     print("nvml sample:", row)
 
 
-def _cupti_tracer() -> tuple[tracer.Tracer, tracer.MemorySink]:
+def _cupti_tracer(every: int = 1) -> tuple[tracer.Tracer, tracer.MemorySink]:
     """A tracer recording CUPTI kernel activity into memory; skips where CUPTI cannot run."""
     pytest.importorskip("cupti")
     sink = tracer.MemorySink()
-    t = tracer.Tracer(None, 0, TraceConfig(nvml=False, cupti=True, flush_interval_s=0.2), "cuda:0", sink=sink)
+    cfg = TraceConfig(nvml=False, cupti=True, cupti_every=every, flush_interval_s=0.2)
+    t = tracer.Tracer(None, 0, cfg, "cuda:0", sink=sink)
     if not t.cupti.active:
         t.close()
         pytest.skip("CUPTI could not be enabled here")
@@ -135,3 +136,21 @@ def test_cupti_records_only_while_the_tracer_is_active():
     t.close()
     tracer.deactivate()
     assert inactive < 5 <= t.cupti.kernels - inactive < 50, (inactive, t.cupti.kernels)
+
+
+def test_cupti_records_the_kernels_of_every_nth_step_only():
+    t, _ = _cupti_tracer(every=2)
+    x = torch.randn(256, 256, device="cuda")
+    tracer.activate(t)
+    per_step = []
+    for step in range(4):
+        before = t.cupti.kernels
+        tracer.set_step(step)
+        for _ in range(5):
+            x = x @ x
+        torch.cuda.synchronize()
+        t.cupti.flush()  # forced: the step's records reach the callback now
+        per_step.append(t.cupti.kernels - before)
+    t.close()
+    tracer.deactivate()
+    assert per_step[0] >= 5 and per_step[2] >= 5 and per_step[1] < 5 and per_step[3] < 5, per_step

@@ -49,6 +49,10 @@ class TraceConfig:
     from one-off stalls (tracer/step_summary.py); 0 = off."""
     cupti: bool = False
     """Record kernel activity with CUPTI (cupti-python) into the kernels table."""
+    cupti_every: int = 1
+    """Record kernel activity on every n-th step only (1 = all). CUPTI costs ~100 us per recorded kernel
+    (gpu-2b on an H200: 11.5k kernels, +1.1 s per recorded 1.6 s step; docs/measurements.md "GPU"), so
+    a job that keeps it on samples: every 100th step is ~0.7% by that arithmetic (not yet measured)."""
     cupti_buffer_mb: int = 8
     """Size of each buffer CUPTI fills with kernel records (MiB); CUPTI hands a buffer back when it is
     full or flushed (every flush interval), so larger buffers mean fewer, bigger hand-overs."""

@@ -133,7 +133,7 @@ class Tracer:
             from megascope.tracer.cupti_kernels import CuptiKernelRecorder
 
             self.cupti = CuptiKernelRecorder(self.device, self.clock, self.buffers["kernels"].append,
-                                             self.flush_interval_s, cfg.cupti_buffer_mb)
+                                             self.flush_interval_s, cfg.cupti_buffer_mb, cfg.cupti_every)
 
     # -- guarded failure path ----------------------------------------------------------------
     def _failed(self, where: str, exc: BaseException) -> None:
@@ -156,6 +156,8 @@ class Tracer:
             self.step_start_ns = self.now_ns()
             if self.pending_works and self.completion is not None:  # set whenever works are pending
                 self.completion.sweep(self.step_start_ns)
+            if self.cupti is not None:
+                self.cupti.set_step(self.step)
             record = self.enabled and self.level != "step" and bool(self.schedule(self.step))
             self.recording = record
             self.recording_detail = record and self.level == "detail"

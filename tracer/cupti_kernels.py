@@ -38,9 +38,12 @@ def _cupti_to_mono_ns(cupti: Any, samples: int = 7) -> int:
 
 class CuptiKernelRecorder:
     def __init__(self, device: torch.device, clock: HostClock, emit: Callable[[tuple], None],
-                 flush_s: float = 2.0, buffer_mb: int = 8) -> None:
+                 flush_s: float = 2.0, buffer_mb: int = 8, every: int = 1) -> None:
         self.clock = clock
         self._buffer_bytes = buffer_mb * 1024 * 1024
+        self._every = every
+        # CUPTI records while all of these hold (enabled at start, as they are)
+        self._wanted = {"tracer active": True, "step sampled": True}
         self.emit = emit
         self.kernels = 0
         self.callback_s = 0.0
@@ -90,12 +93,22 @@ class CuptiKernelRecorder:
     def set_recording(self, on: bool) -> None:
         """Switch CUPTI's kernel activity on or off (the tracer's activate/deactivate call it: a tracer
         that is not active records no kernels, and the GPU pays nothing for it)."""
-        if self._cupti is None:
+        self._want("tracer active", on)
+
+    def set_step(self, step: int) -> None:
+        """Record the kernels launched in every `every`-th step only: the cost is per recorded kernel."""
+        self._want("step sampled", step % self._every == 0)
+
+    def _want(self, reason: str, on: bool) -> None:
+        was = all(self._wanted.values())
+        self._wanted[reason] = on
+        now = all(self._wanted.values())
+        if self._cupti is None or now == was:
             return
         try:
-            (self._cupti.activity_enable if on else self._cupti.activity_disable)(self._kind)
+            (self._cupti.activity_enable if now else self._cupti.activity_disable)(self._kind)
         except Exception as exc:
-            log.warning("tracer: CUPTI kernel activity could not be switched %s: %r", "on" if on else "off", exc)
+            log.warning("tracer: CUPTI kernel activity could not be switched %s: %r", "on" if now else "off", exc)
 
     def _run(self, flush_s: float) -> None:
         while not self._stop.wait(flush_s):

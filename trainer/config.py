@@ -276,7 +276,7 @@ RANGES: dict[str, Range] = {
     "trace.flush_events": AT_LEAST_1,
     "trace.max_buffered_events": AT_LEAST_1, "trace.hang_timeout_s": POSITIVE,
     "trace.clock_sync_every": AT_LEAST_0, "trace.nvml_interval_s": POSITIVE, "trace.summary_every": AT_LEAST_0,
-    "trace.cupti_buffer_mb": AT_LEAST_1,
+    "trace.cupti_every": AT_LEAST_1, "trace.cupti_buffer_mb": AT_LEAST_1,
     "robust.checkpoint_every": Range(-1), "robust.checkpoint_interval_s": POSITIVE,
     "robust.keep_last": AT_LEAST_1, "robust.max_restarts": AT_LEAST_0,
     "robust.heartbeat_interval_s": POSITIVE, "robust.heartbeat_timeout_s": AT_LEAST_0,

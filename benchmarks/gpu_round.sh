@@ -66,7 +66,8 @@ part() {  # part NAME SECONDS CMD...: run under min(SECONDS, time left), log to 
   tar czf "$OUT/runs.tgz" -C "$RUNS" . 2>/dev/null  # what is done so far comes back even if later parts hang
   return $rc
 }
-show() { grep -v -e Warning -e warn "$LOGS/$1.log" | tail -n "${2:-40}" | tee -a "$SUMMARY"; }
+# the log's tail without Python's warning lines (not pytest's "N passed, M warnings" line: round 4 lost it)
+show() { grep -v -e 'Warning:' -e 'warnings.warn(' "$LOGS/$1.log" | tail -n "${2:-40}" | tee -a "$SUMMARY"; }
 TRAIN=($PY -m megascope train)
 
 # 1. MFU, traced with the default tracing; a smaller micro-batch only if the first does not fit.

@@ -22,8 +22,8 @@ def _attribution() -> Attribution:
                        excess={0: np.zeros(STEPS), 1: paused}, baseline_s=0.011, cfg=LostTimeConfig())
 
 
-def _detector_finding(kind: str) -> Finding:
-    return Finding(kind, [1], ["vm"], (2, 58), 1.39, "rank 1 computes 39% slower", {"cause": "slow_compute"})
+def _detector_finding(kind: str, ranks: list[int] | None = None) -> Finding:
+    return Finding(kind, ranks or [1], ["vm"], (2, 58), 1.39, "rank 1 computes 39% slower", {"cause": "slow_compute"})
 
 
 def _lost_time_finding(kind: str) -> Finding:
@@ -42,3 +42,10 @@ def test_the_other_detectors_finding_keeps_the_rank_when_they_agree() -> None:
     kept = settle([_detector_finding("straggler"), _lost_time_finding("straggler")], _attribution())
     assert [(f.kind, f.steps, f.evidence.get("cause")) for f in kept] == [("straggler", (2, 58), "slow_compute")]
     assert kept[0].evidence["cost_s"] == SLEEP_S * (STEPS - ONSET)  # the attribution's cost handed over
+
+
+def test_a_finding_on_more_ranks_is_not_overruled_by_one_of_them() -> None:
+    # a host's ranks named together by the straggler detector keep their finding; the rank's lost-time
+    # finding hands it its cost, as when the two agree
+    kept = settle([_detector_finding("straggler", [0, 1]), _lost_time_finding("late_launch")], _attribution())
+    assert [(f.kind, f.ranks, f.evidence.get("cause")) for f in kept] == [("straggler", [0, 1], "slow_compute")]

@@ -8,6 +8,10 @@ tests change their run's files, so runs are never shared between calls.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -33,6 +37,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu)")
     for item in gpu:
         item.add_marker(skip)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def processes_temp_dir() -> Iterator[Path]:
+    """The temporary directory of the processes the tests start: one folder of this session's, removed
+    at its end, so what they cannot remove themselves does not pile up in /tmp (torchrun's
+    /tmp/torchelastic_* folders, which torch never removes; the agent folder of a driver a test
+    SIGKILLs). This process keeps its own (pinned before TMPDIR changes: pytest's tmp_path and the
+    tests' own folders stay where they were, and short enough for Unix socket paths)."""
+    tempfile.tempdir = tempfile.gettempdir()
+    folder = Path(tempfile.mkdtemp(prefix="mst"))  # short: a socket path under it must stay < 108 bytes
+    before = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(folder)
+    try:
+        yield folder
+    finally:
+        if before is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = before
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -170,9 +170,9 @@ def phases(run_dir: str) -> dict[str, tuple[float, float]]:
     from megascope.analyzer import Run, build_report
     from megascope.analyzer.data import event_pass
 
-    def cpu() -> float:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime + r.ru_stime
+    def cpu() -> float:  # the partials' worker processes too, once joined (at the end of the edge pass)
+        r, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r.ru_utime + r.ru_stime + c.ru_utime + c.ru_stime
 
     out: dict[str, list[float]] = {}
 
@@ -192,14 +192,16 @@ def phases(run_dir: str) -> dict[str, tuple[float, float]]:
     run = timed("open", Run.open)(run_dir)
     store = run.store
     store.con = _StatementTimer(store.con, cpu, out)  # the event pass's own split, by statement
-    # the collective partials aggregated in numpy (edge_partials.py) run outside any statement
-    numpy_partials = event_pass.partials_of_files
-    event_pass.partials_of_files = timed("  event pass: _batch_partials (numpy)", numpy_partials)
+    # the collective partials aggregated in numpy (edge_partials.py) run outside any statement: here the
+    # wait for the worker processes' tables (partials_ahead.py; their CPU is the event pass's, counted
+    # when they are joined) or the work in this process
+    numpy_partials = event_pass._numpy_partials
+    event_pass._numpy_partials = timed("  event pass: _batch_partials (numpy)", numpy_partials)
     try:
         timed("event pass", run.derived.rank_step)()
     finally:
         store.con = store.con.con
-        event_pass.partials_of_files = numpy_partials
+        event_pass._numpy_partials = numpy_partials
     timed("late arrivals", run.derived.late_arrivals)()
     for det in run.detectors:
         det.detect = timed(f"detect: {type(det).__name__}", det.detect)
@@ -501,7 +503,8 @@ def main() -> int:
             ("analyze CPU (s)", f"{raw['cpu']:.1f}  (user + sys, all threads)"),
             ("plain DuckDB scan of events + steps, wall / CPU (s)", f"{raw['scan'][0]:.1f} / {raw['scan'][1]:.1f}"),
             ("analyze / scan (wall)", f"{raw['wall'] / raw['scan'][0]:.1f}x  (target <= 3x)"),
-            ("full read of events + steps (every column), wall / CPU (s)", f"{raw['full'][0]:.1f} / {raw['full'][1]:.1f}"),
+            ("full read of events + steps (every column), wall / CPU (s)",
+             f"{raw['full'][0]:.1f} / {raw['full'][1]:.1f}"),
             ("load average (1 min, max of start/end)", f"{raw['load']:.1f} on {os.cpu_count()} cores"),
             ("analyze peak RSS (MiB)", f"{raw['rss']:,.0f}"),
             ("findings", _findings(raw["report"]))]

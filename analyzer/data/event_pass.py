@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from megascope.analyzer.data.edge_partials import numpy_pays, partials_of_files, release_unused
 from megascope.analyzer.data.group_instances import MATCHED_GROUPS, is_regular
+from megascope.analyzer.data.partials_ahead import PartialsAhead
 from megascope.analyzer.data.store import Store, load_sql
 from megascope.analyzer.findings import MIN_LATENESS_S
 from megascope.tracer.edge_summary import EDGE_SQL, NO_FIRST_STEP, edge_sql
@@ -380,9 +381,14 @@ def from_edge_summaries(store: Store, base: int) -> bool:
     plan = PassPlan(int(base), True, False, LayoutParams.of(store))
     prefixes = store.rank_prefix_batches(BATCH_RANKS, ("edge_collectives",))
     batches: list[list[str] | None] = [*prefixes] if prefixes else [None]
-    for i, batch in enumerate(batches):
-        store.run_with_retry(lambda: _edge_partials(store, batch, plan))
-        split_partials(store, "_batch_partials", EVENT_PASS_TABLES, plan, create=i == 0)
+    ahead = _partials_ahead(store, batches, plan)
+    try:
+        for i, batch in enumerate(batches):
+            store.run_with_retry(lambda: _edge_partials(store, batch, plan, ahead))
+            split_partials(store, "_batch_partials", EVENT_PASS_TABLES, plan, create=i == 0)
+    finally:
+        if ahead is not None:
+            ahead.close()
     merge_partials(store, EVENT_PASS_TABLES, plan.base)
     drop_batch_partials(store)
     if store.damaged:  # found in edge_collectives: a member's rows are missing
@@ -420,7 +426,21 @@ def from_edge_summaries_by(store: Store, base: int, engine: Engine, progress: Pr
     return True
 
 
-def _edge_partials(store: Store, prefixes: list[str] | None, plan: PassPlan) -> None:
+def _partials_ahead(store: Store, batches: list[list[str] | None], plan: PassPlan) -> PartialsAhead | None:
+    """Worker processes computing the batches' numpy partials ahead (partials_ahead.py), one per DuckDB
+    thread, when at least two batches take the numpy path; None: every batch computed here."""
+    if store.attempt_bounds or store.threads < 2:
+        return None
+    jobs = [files for files in (store.batch_files("edge_collectives", b) for b in batches) if numpy_pays(files)]
+    if len(jobs) < 2:
+        return None
+    layout = plan.layout
+    return PartialsAhead(jobs, (plan.base, layout.dp, layout.tp, layout.cp, layout.renumber), store.temp_folder,
+                         min(store.threads, len(jobs)))
+
+
+def _edge_partials(store: Store, prefixes: list[str] | None, plan: PassPlan,
+                   ahead: PartialsAhead | None = None) -> None:
     """`_batch_partials` from the edge_collectives rows of one batch of ranks (raw DuckDB calls: the
     action of run_with_retry, rebuilt when a damaged segment is dropped): in numpy (edge_partials.py:
     the same rows as the macro, ~35% less CPU on 1,000-step segments), or by the macro where that does
@@ -430,7 +450,7 @@ def _edge_partials(store: Store, prefixes: list[str] | None, plan: PassPlan) -> 
     at 12,288; split_partials' two scans and a Ray task's conversion to Arrow read it as cheaply as a
     table); drop_batch_partials lets it go."""
     drop_batch_partials(store)
-    partials = _numpy_partials(store, prefixes, plan)
+    partials = _numpy_partials(store, prefixes, plan, ahead)
     if partials is None:
         _macro_partials(store, prefixes, plan)
         return
@@ -445,11 +465,15 @@ def drop_batch_partials(store: Store) -> None:
     release_unused()
 
 
-def _numpy_partials(store: Store, prefixes: list[str] | None, plan: PassPlan) -> pa.Table | None:
-    """The batch's partial rows by edge_partials.py; None where that does not pay or apply."""
+def _numpy_partials(store: Store, prefixes: list[str] | None, plan: PassPlan,
+                    ahead: PartialsAhead | None = None) -> pa.Table | None:
+    """The batch's partial rows by edge_partials.py (a worker's from `ahead`, when it has them); None
+    where that does not pay or apply."""
     layout, files = plan.layout, store.batch_files("edge_collectives", prefixes)
     if store.attempt_bounds or not numpy_pays(files):
         return None
+    if ahead is not None:
+        return ahead.partials(files)
     return partials_of_files(files, plan.base, layout.dp, layout.tp, layout.cp, layout.renumber)
 
 

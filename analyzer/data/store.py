@@ -98,7 +98,9 @@ class Store:
         self.damaged: list[tuple[str, str]] = []
         """(table, path) of every segment dropped from the views, in the order they were found."""
         self.con = duckdb.connect()
-        self.con.execute(f"SET threads={threads or os.cpu_count() or 2}")
+        self.threads = threads or os.cpu_count() or 2
+        """DuckDB's threads, and the worker processes of the edge pass's partials (partials_ahead.py)."""
+        self.con.execute(f"SET threads={self.threads}")
         self.con.execute("SET preserve_insertion_order=false")
         # DuckDB draws a progress bar on stdout for long queries when it takes the process for an
         # interactive one: it would land in `analyze --json`'s report (the CLI prints its own progress)
@@ -109,6 +111,9 @@ class Store:
         """The limit now: memory_limit, or lower inside memory_limited."""
         self.con.execute(f"SET memory_limit='{memory_limit}'")
         self._spill = tempfile.TemporaryDirectory(prefix="megascope-duckdb-")
+        self.temp_folder = Path(self._spill.name)
+        """This store's temporary folder (DuckDB's spill, validated copies, the partials' workers' files),
+        removed with the store."""
         self.con.execute(f"SET temp_directory='{self._spill.name}'")
         self.topology = _topology_frame(self.manifest, self.path)
         self.con.register("_topology_df", self.topology)
@@ -148,7 +153,7 @@ class Store:
         """Segments that contradict the run (a column of another type, rows of a rank outside the
         topology, spans ending before they start; validate.py): the views read corrected copies."""
         copies, left_out = validate.check(self.con, self.path, self.files, self.topology["rank"].tolist(),
-                                          Path(self._spill.name) / "validated", self.warnings)
+                                          self.temp_folder / "validated", self.warnings)
         for table in [t for t, fs in self.files.items() if any(f in copies for f in fs)]:
             self.files[table] = [copies.get(f, f) for f in self.files[table]]
             self._all_files[table] = [copies.get(f, f) for f in self._all_files[table]]

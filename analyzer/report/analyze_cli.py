@@ -22,7 +22,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout instead of text")
     p.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
     p.add_argument("--no-what-if", action="store_true", help="skip the what-if replays (faster on huge runs)")
-    p.add_argument("--threads", type=positive_int, default=None, help="DuckDB threads, >= 1 (default: all cores)")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="DuckDB threads, and on summaries at the edge the worker processes that aggregate "
+                        "the ranks' collective rows, >= 1 (default: all cores)")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="where the event pass's batches of ranks run: this process's DuckDB (default) or Ray "
                         "tasks (each opens the run directory itself, or of a URL mirrors only its batch's ranks on "

@@ -1,10 +1,14 @@
 """analyzer/data/partials_ahead.py: the edge pass's numpy partials computed ahead by worker processes
-are the tables this process computes (Arrow-equal, every value); a batch whose files changed, a pool
-closed early and a worker that fails fall back to computing here; nothing is left in the folder; and
-the event pass's collective instances with workers are exactly those without."""
+are the tables this process computes (Arrow-equal, every value); a batch whose files changed, workers
+stopped early, a worker that fails or dies fall back to computing here; nothing is left in the folder;
+an unguarded script is not run again by the workers; and the event pass's collective instances with
+workers are exactly those without."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -52,18 +56,58 @@ def test_workers_give_the_tables_computed_here(job, tmp_path):
     assert list(tmp_path.iterdir()) == []  # each file unlinked once mapped
 
 
-def test_a_changed_batch_and_an_early_close_are_computed_here(job, tmp_path):
+def test_a_changed_batch_is_computed_here_and_its_job_let_go(job, tmp_path):
+    """The second batch's files change (as after a damaged segment was dropped): computed here; the
+    worker's table for the old files is removed when the pass moves on, the rest come from the workers."""
     jobs = _batches(job)
     ahead = PartialsAhead(jobs, LAYOUT, tmp_path, workers=2)
-    fewer = jobs[0][:-1]  # as after a damaged segment was dropped: no worker computed these files
-    assert ahead.partials(fewer).equals(partials_of_files(fewer, *LAYOUT))
-    ahead.close()  # batches still ahead: their files are removed, the workers stopped
+    try:
+        assert ahead.partials(jobs[0]).equals(partials_of_files(jobs[0], *LAYOUT))
+        fewer = jobs[1][:-1]
+        assert ahead.partials(fewer).equals(partials_of_files(fewer, *LAYOUT))
+        for files in jobs[2:]:
+            assert ahead.partials(files).equals(partials_of_files(files, *LAYOUT))
+    finally:
+        ahead.close()
     assert list(tmp_path.iterdir()) == []
-    assert ahead.partials(jobs[2]).equals(partials_of_files(jobs[2], *LAYOUT))
 
 
-def test_a_worker_that_fails_costs_only_speed(job, tmp_path):
-    """The workers cannot write their files (the folder is gone): each batch is computed here."""
+def test_an_early_close_stops_the_workers_and_removes_their_files(job, tmp_path):
+    jobs = _batches(job)
+    ahead = PartialsAhead(jobs, LAYOUT, tmp_path, workers=2)
+    workers = [w.proc for w in ahead._workers]
+    ahead.partials(jobs[0])
+    ahead.close()  # batches still ahead
+    assert all(proc.poll() is not None for proc in workers)
+    assert list(tmp_path.iterdir()) == []
+    assert ahead.partials(jobs[2]).equals(partials_of_files(jobs[2], *LAYOUT))  # computed here
+
+
+def test_a_script_without_a_main_guard_runs_once(job, tmp_path):
+    """The workers run this module, not the caller's main module again (multiprocessing's spawn would
+    import an unguarded script in every worker, running it once more each)."""
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import json, sys\n"
+        "from pathlib import Path\n"
+        "from megascope.analyzer.data.partials_ahead import PartialsAhead\n"
+        "jobs, layout = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+        "ahead = PartialsAhead(jobs, tuple(layout), Path(sys.argv[3]), 2)\n"
+        "print('rows', sum(ahead.partials(files).num_rows for files in jobs))\n"
+        "ahead.close()\n")
+    jobs = _batches(job)
+    folder = tmp_path / "out"
+    folder.mkdir()
+    out = subprocess.run([sys.executable, str(script), json.dumps(jobs), json.dumps(list(LAYOUT)), str(folder)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    want = sum(partials_of_files(files, *LAYOUT).num_rows for files in jobs)
+    assert out.splitlines() == [f"rows {want}"]
+    assert list(folder.iterdir()) == []
+
+
+def test_a_worker_that_fails_costs_only_speed(job, tmp_path, caplog):
+    """The workers cannot write their files (the folder is gone): each batch is computed here, and one
+    warning says why."""
     jobs = _batches(job)
     ahead = PartialsAhead(jobs, LAYOUT, tmp_path / "gone", workers=2)
     try:
@@ -71,6 +115,20 @@ def test_a_worker_that_fails_costs_only_speed(job, tmp_path):
             assert ahead.partials(files).equals(partials_of_files(files, *LAYOUT))
     finally:
         ahead.close()
+    warned = [r.getMessage() for r in caplog.records if r.name == "megascope.analyzer"]
+    assert len(warned) == 1 and "FileNotFoundError" in warned[0], warned
+
+
+def test_a_worker_that_dies_costs_only_speed(job, tmp_path):
+    jobs = _batches(job)
+    ahead = PartialsAhead(jobs, LAYOUT, tmp_path, workers=2)
+    try:
+        ahead._workers[1].proc.kill()  # the one with the second batch
+        for files in jobs:
+            assert ahead.partials(files).equals(partials_of_files(files, *LAYOUT))
+    finally:
+        ahead.close()
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_not_for_numpy_in_a_worker_is_not_for_numpy_here(job, tmp_path):

@@ -7,9 +7,10 @@ threads overlap only the decoding), so at 12,288 ranks x 1,000 steps its 12 batc
 worker computes the same table from the same files as this process would, so the pass's results do not
 change. Threads were tried and did not pay (docs/measurements.md: the GIL); processes do.
 
-The workers are `python -m megascope.analyzer.data.partials_ahead` processes (not multiprocessing's:
-those import the caller's main module again, and a script that analyzes a run at import time would
-analyze it once more in every worker). Each reads one job a line on stdin - a batch's files, the
+The workers are plain Python processes running this module's `main` (not multiprocessing's: those
+import the caller's main module again, and a script that analyzes a run at import time would analyze it
+once more in every worker); each peaks at ~0.65 GB (a 1,024-rank x 1,000-step batch), and `--threads`
+bounds how many run. Each reads one job a line on stdin - a batch's files, the
 layout, the path to write - and answers one line: the path of its batch's table, written as an Arrow
 IPC file into `folder` (the store's temporary folder), or none (not for numpy). Job k goes to worker
 k mod n, so each worker's answers come in the pass's order. The pass memory-maps the table and unlinks
@@ -116,8 +117,10 @@ class _Worker:
     """One worker process and its two pipes (its stderr is dropped: a failure is told by `failure`)."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        # -c, not -m: the package imports this module first, and runpy would then run a second copy
+        self.proc = subprocess.Popen([sys.executable, "-c", f"from {__name__} import main; main()"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     text=True, bufsize=1)
         self._stdin: IO[str] = self.proc.stdin  # type: ignore[assignment]
         self._stdout: IO[str] = self.proc.stdout  # type: ignore[assignment]
         self._error = ""
@@ -187,7 +190,3 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - any failure is the pass's to handle: it computes the batch
             answer = {"error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(answer), flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -27,12 +27,11 @@ import pytest
 pytest.importorskip("lightning")
 
 from tests.outside_faults import StopDutyCycle, worker_pid  # noqa: E402
+from tests.test_attach_outside_spans import CULPRITS  # noqa: E402
 from tests.test_attach_samples import LATE_NOISE, ROOT, _analyze, _one_cpu, _torchrun  # noqa: E402
 
 pytestmark = pytest.mark.slow
 STEPS = "100"
-CULPRIT_KINDS = ("straggler", "late_launch", "hang")
-"""The finding kinds that blame ranks (benchmarks/fault_lab.py scores a case by these)."""
 CLEAN = "[megascope] steps 0-49 | step time (s) min "
 """The job's summary line after its clean stretch: rank 1 is slowed from here on (steps 50-99)."""
 
@@ -70,7 +69,7 @@ def test_lightning_rank_stopped_from_outside_is_named(tmp_path):
     # benchmarks/fault_lab.py). Stops land in compute and in host time alike, so the lost time may be
     # charged as slow compute (straggler) or as a late arrival at the collectives (late_launch): a full
     # suite run on the 2-core box (2026-11-28) gave late_launch, rank 1, steps 51-99, severity 3.5
-    culprits = [f for f in found if f["kind"] in CULPRIT_KINDS]
+    culprits = [f for f in found if f["kind"] in CULPRITS]
     assert [f["ranks"] for f in culprits] == [[1]], \
         [(f["kind"], f["ranks"], f["steps"], f["severity"]) for f in found]
     assert not any(0 in f["ranks"] for f in found), [(f["kind"], f["ranks"], f["severity"]) for f in found]

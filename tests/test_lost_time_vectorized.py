@@ -146,3 +146,37 @@ def test_growth_matches_the_frame_medians():
         w = (wait + plus).loc[ranks]
         want = np.nan_to_num((w.sub(w.median(axis=1), axis=0)).median(axis=0).to_numpy())
         np.testing.assert_array_equal(lt._growth(wait, ranks, plus), want)
+
+
+def test_stretch_helpers_match_plain_numpy():
+    rng = np.random.default_rng(4)
+    y = np.round(rng.normal(0, 1, (40, 70)), 1)  # ties
+    a = rng.integers(0, 70, 40)
+    b = np.minimum(a + rng.integers(0, 70, 40), 69)
+    b[-1] = 69  # the last row's stretch ends the matrix
+    a[3], b[3] = 0, 69  # nothing outside: keeps its level
+    sums = lt._stretch_sums(y, a, b)
+    mid = lt._midlevel(y, a, b, np.full(40, -7.0))
+    for i in range(40):
+        inside, out = y[i, a[i]:b[i] + 1], np.r_[y[i, :a[i]], y[i, b[i] + 1:]]
+        np.testing.assert_allclose(sums[i], inside.sum(), rtol=1e-12)
+        assert mid[i] == ((np.median(inside) + np.median(out)) / 2 if len(out) else -7.0)
+
+
+def test_stretch_of_a_fault_over_most_of_the_run():
+    """The median of all steps is the fault's level when the fault covers most of them (a rank slowed
+    from step 10 of 60): the stretch is found at the level outside the first one, steps 10-59; a
+    fault over a minority keeps the first stretch; _stretch (one row) and _stretches (all) agree."""
+    rng = np.random.default_rng(5)
+    x = rng.normal(0, 0.002, (6, 60))
+    x[0, 10:] += 0.03   # most of the run
+    x[1, 25:45] += 0.03  # a minority
+    a, b = lt._stretches(x, min_steps=20, min_history=10)
+    assert (a[0], b[0]) == (10, 59)
+    assert (a[1], b[1]) == (25, 44)
+    for i, row in enumerate(x):
+        one = lt._stretches(row[None, :], 20, 10)
+        assert (one[0][0], one[1][0]) == (a[i], b[i])
+    det = lt.LostTimeDetector()
+    hit = det._stretch(x[0], x[0] + 0.1, x[0] + 0.1)  # the job waited for it: its steps grew alike
+    assert hit is not None and hit[:2] == (10, 59) and hit[2]["t"] > det.cfg.t_min

@@ -165,8 +165,9 @@ def test_stretch_helpers_match_plain_numpy():
 
 def test_stretch_of_a_fault_over_most_of_the_run():
     """The median of all steps is the fault's level when the fault covers most of them (a rank slowed
-    from step 10 of 60): the stretch is found at the level outside the first one, steps 10-59; a
-    fault over a minority keeps the first stretch; _stretch (one row) and _stretches (all) agree."""
+    from step 10 of 60): the stretch is found at the level halfway between the first stretch's median
+    and the rest's, steps 10-59; a fault over a minority is found as it was; _stretch (one row) and
+    _stretches (all rows) agree."""
     rng = np.random.default_rng(5)
     x = rng.normal(0, 0.002, (6, 60))
     x[0, 10:] += 0.03   # most of the run

@@ -45,6 +45,7 @@ import itertools
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -228,7 +229,10 @@ def run_attached(case: Case, run_dir: Path, steps: int, onset: float) -> list[tu
            str(ROOT / "samples" / f"{case.job}.py"), "--run-dir", str(run_dir), "--steps", str(steps), *slow]
     one_cpu = max(os.sched_getaffinity(0))
     log = open(run_dir.parent / f"{case.name}.log", "w+b")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True,
+    # the job's own temporary folder, removed after it: torchrun makes a /tmp/torchelastic_* folder per
+    # job and never removes it (a full lab run left 13 of them)
+    tmp = tempfile.mkdtemp(prefix="lab")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, env={**os.environ, "TMPDIR": tmp},
                             preexec_fn=None if case.fault == "hog" else lambda: os.sched_setaffinity(0, {one_cpu}))
     assert proc.stdout is not None
     windows: list[tuple[float, float]] = []
@@ -249,6 +253,7 @@ def run_attached(case: Case, run_dir: Path, steps: int, onset: float) -> list[tu
         proc.communicate(timeout=900)
     finally:
         err = _reap(proc, log)
+        shutil.rmtree(tmp, ignore_errors=True)
     if proc.returncode:
         raise RuntimeError(f"{case.name}: samples/{case.job}.py exited {proc.returncode}: {err}")
     if case.fault == "sleep":

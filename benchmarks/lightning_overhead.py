@@ -93,7 +93,8 @@ def main() -> None:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
                "--worker", "--out", str(out), "--rounds", str(args.rounds), "--steps", str(args.steps),
                "--width", str(args.width), "--depth", str(args.depth), "--batch", str(args.batch)]
-        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+        # TMPDIR: torchrun's /tmp/torchelastic_* folder lands in ours and goes with it (torch never removes it)
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env={**os.environ, "TMPDIR": tmp})
         if done.returncode != 0:
             sys.exit(f"lightning_overhead: the job failed:\n{done.stderr[-3000:]}")
         rounds = json.loads(out.read_text())

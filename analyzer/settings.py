@@ -178,7 +178,7 @@ class LostTimeConfig:
     (a rank slowed from step 10 of 60 for good has 10 steps of history; with 20 required it could not be
     named: test_attach_outside_spans, t 19.9 on steps 10-59 against 0-9). Welch's t already pays for a
     short side in its standard error. Measured (fault lab, 2026-11-28 22:57, the 25 kept runs, with
-    _stretches' search): the largest t of any rank's best stretch whose own time grew, on the seven clean
+    stretch_search.stretches): the largest t of any rank's best stretch whose own time grew, on the seven clean
     runs 1.6-3.2 and on the non-culprit ranks of the link-fault runs <= 3.2, against t_min 6 (the median
     search with 20 steps of history: 1.6-3.2 as well)."""
     min_excess: float = 0.05

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from megascope.analyzer.detect import lost_time as lt
+from megascope.analyzer.detect import stretch_search as ss
 
 
 def _matrix(seed: int, ranks: int = 24, steps: int = 60) -> pd.DataFrame:
@@ -52,8 +53,8 @@ def test_kadane_for_all_rows_at_once():
     x = rng.normal(0, 1, (50, 80))
     x[4] = -1.0  # every value negative: the largest single one
     x[5] = 0.0   # ties everywhere
-    a, b = lt._max_subarrays(x)
-    assert [(int(i), int(j)) for i, j in zip(a, b)] == [lt._max_subarray(row) for row in x]
+    a, b = ss.max_subarrays(x)
+    assert [(int(i), int(j)) for i, j in zip(a, b)] == [ss.max_subarray(row) for row in x]
 
 
 def test_row_nanmedian_matches_row_by_row():
@@ -155,8 +156,8 @@ def test_stretch_helpers_match_plain_numpy():
     b = np.minimum(a + rng.integers(0, 70, 40), 69)
     b[-1] = 69  # the last row's stretch ends the matrix
     a[3], b[3] = 0, 69  # nothing outside: keeps its level
-    sums = lt._stretch_sums(y, a, b)
-    mid = lt._midlevel(y, a, b, np.full(40, -7.0))
+    sums = ss.stretch_sums(y, a, b)
+    mid = ss.midlevel(y, a, b, np.full(40, -7.0))
     for i in range(40):
         inside, out = y[i, a[i]:b[i] + 1], np.r_[y[i, :a[i]], y[i, b[i] + 1:]]
         np.testing.assert_allclose(sums[i], inside.sum(), rtol=1e-12)
@@ -167,16 +168,16 @@ def test_stretch_of_a_fault_over_most_of_the_run():
     """The median of all steps is the fault's level when the fault covers most of them (a rank slowed
     from step 10 of 60): the stretch is found at the level halfway between the first stretch's median
     and the rest's, steps 10-59; a fault over a minority is found as it was; _stretch (one row) and
-    _stretches (all rows) agree."""
+    stretches (all rows) agree."""
     rng = np.random.default_rng(5)
     x = rng.normal(0, 0.002, (6, 60))
     x[0, 10:] += 0.03   # most of the run
     x[1, 25:45] += 0.03  # a minority
-    a, b = lt._stretches(x, min_steps=20, min_history=10)
+    a, b = ss.stretches(x, min_steps=20, min_history=10)
     assert (a[0], b[0]) == (10, 59)
     assert (a[1], b[1]) == (25, 44)
     for i, row in enumerate(x):
-        one = lt._stretches(row[None, :], 20, 10)
+        one = ss.stretches(row[None, :], 20, 10)
         assert (one[0][0], one[1][0]) == (a[i], b[i])
     det = lt.LostTimeDetector()
     hit = det._stretch(x[0], x[0] + 0.1, x[0] + 0.1)  # the job waited for it: its steps grew alike

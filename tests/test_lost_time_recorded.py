@@ -17,9 +17,9 @@ import shutil
 from pathlib import Path
 
 from megascope.analyzer import Run
+from tests.test_attach_outside_spans import CULPRITS
 
 RECORDED = Path(__file__).parent / "recorded"
-CULPRITS = ("straggler", "late_launch", "hang")
 
 
 def _culprits(name: str, tmp_path: Path) -> list:

@@ -137,7 +137,7 @@ def engines(out: Path, workers_tried: list[int]) -> list[tuple[str, str, str, st
     return rows
 
 
-class _StatementTimer:
+class StatementTimer:
     """A DuckDB connection that adds each statement's wall and CPU seconds to `out` under "  event pass:
     <the table it makes>" (CREATE ... TABLE x / INSERT INTO x; "(other)" else): where the event pass's
     time goes, reading vs aggregating, per derived table."""
@@ -191,7 +191,7 @@ def phases(run_dir: str) -> dict[str, tuple[float, float]]:
     w0, c0 = time.perf_counter(), cpu()
     run = timed("open", Run.open)(run_dir)
     store = run.store
-    store.con = _StatementTimer(store.con, cpu, out)  # the event pass's own split, by statement
+    store.con = StatementTimer(store.con, cpu, out)  # the event pass's own split, by statement
     # the collective partials aggregated in numpy (edge_partials.py) run outside any statement: here the
     # wait for the worker processes' tables (partials_ahead.py; their CPU is the event pass's, counted
     # when they are joined) or the work in this process

@@ -18,10 +18,11 @@ printed beside them.
 
 Tuning discipline (decided before any detector was changed for it, issue 31): the TUNED cases are the
 ones a detector change may be looked at against (clean-a, stop-r1, tbf-pp). The HELD-OUT cases (clean-b,
-stop-r2 with another rank, period and duty; quota-r3, a cgroup CPU quota; hog-r0, a CPU hog; tbf-dp, the
-throttled link under data-parallel collectives instead of pipeline transfers) are run only to score the
-result: no threshold may be chosen by looking at them, and a change that fixes a held-out case alone is
-not made. Their rates, ranks and layouts differ from the tuned ones on purpose.
+stop-r2 with another rank, period and duty; quota-r3, a cgroup CPU quota; hog-r0, a CPU hog, retired
+since: see CASES; tbf-dp, the throttled link under data-parallel collectives instead of pipeline
+transfers) are run only to score the result: no threshold may be chosen by looking at them, and a change
+that fixes a held-out case alone is not made. Their rates, ranks and layouts differ from the tuned ones
+on purpose.
 
 Attached third-party jobs (samples/ddp_loop.py, hf_trainer.py, lightning_loop.py under torchrun, traced
 by attach and its callbacks) under the same outside faults are cases too (docs/fault-lab.md): ddp-clean
@@ -30,6 +31,7 @@ decided before they were first run. cut-pp (short cuts of a host's link) and the
 (clean-2h-pp, clean-2h-dp) were added after all of those were scored, held out before their first run.
 tbf-dp and cut-pp became tuned with 87c855b (their one-step episodes made the network rule's
 net_spike_share); cut-dp and tbf-pp-4m were added with it, held out, as the rule's fresh test.
+hog-dp2-r0 replaced hog-r0, whose label its own runs showed false (CASES says why), held out.
 
 A pass: a rank fault names exactly its rank as the culprit and no link; a link fault names a link or
 host pair between the two hosts and no rank; a clean run blames nothing (stage or workload imbalance
@@ -105,7 +107,13 @@ CASES = [
     Case("clean-b", True, "none", DP2PP2, seed=77),
     Case("stop-r2", True, "stop", DP2PP2, 2, {"stop_ms": 20, "period_ms": 70}),
     Case("quota-r3", True, "quota", DP2PP2, 3, {"share": 0.3}),
-    Case("hog-r0", True, "hog", DP2PP2, 0, {"cpu": 1}),
+    # hog-r0 (DP2PP2, a hog pinned beside rank 0, the other three ranks free) was retired 2026-11-29 02:50
+    # UTC: its expectation is false in its own data. In the three kept runs of 2026-11-28/29, during the
+    # hog rank 0's compute grew 1.26-1.52x and stage 1's two ranks' 1.57-2.01x (they share the other CPU
+    # with rank 1 and the trainer's threads): the hog slowed the box, not rank 0 above the rest, and no pinning
+    # of four ranks on two CPUs makes the hog's rank the slowest (alone with it on one CPU it gets half of
+    # it, the other three a third of the other). Its runs stay in docs/fault-lab.md. In its place, the
+    # same fault where its label is true: the 2-rank job, the hog's rank and the other each on a CPU.
     # tbf-dp and cut-pp were held out until 87c855b: their one-step episodes made the network rule's
     # net_spike_share, so they are tuned from then on (their first scores are in docs/fault-lab.md)
     Case("tbf-dp", False, "tbf", ("--dp", "2", "--tp", "2"), None,
@@ -141,6 +149,8 @@ CASES = [
     Case("fsdp2-quota-r0", True, "quota", (), 0, {"share": 0.3}, job="fsdp2_loop"),
     Case("lightning-clean", True, "none", (), job="lightning_loop"),
     Case("stop-r3", True, "stop", DP2PP2, 3, {"stop_ms": 25, "period_ms": 80}, seed=99),
+    # added 2026-11-29 02:50 UTC, held out, decided before it was first run (hog-r0's replacement, above)
+    Case("hog-dp2-r0", True, "hog", ("--dp", "2"), 0, {"cpu": 1}),
 ]
 ATTACHED_MODULES = {"hf_trainer": "transformers", "lightning_loop": "lightning"}
 """The optional extra (`megascope[attach]`) each attached sample needs."""
@@ -179,6 +189,14 @@ def _rank_fault(case: Case, pid: int) -> AbstractContextManager:
     return outside_faults.CpuHog(pid, p["cpu"])
 
 
+def _pin_others(case: Case, ranks: dict) -> None:
+    """Pin every rank but the hog's (health.json's pids) to the CPU the hog is not on."""
+    other = {1 - case.params["cpu"]}
+    for rank, beat in ranks.items():
+        if int(rank) != case.rank and (beat or {}).get("pid"):
+            outside_faults.pin(int(beat["pid"]), other)
+
+
 def run_one_host(case: Case, run_dir: Path, steps: int, onset: float) -> list[tuple[float, float]]:
     """Train; from step onset x steps on, hold the rank fault until the job ends. Returns the fault's
     wall-clock windows [(start, end)] (none for a clean run)."""
@@ -190,6 +208,8 @@ def run_one_host(case: Case, run_dir: Path, steps: int, onset: float) -> list[tu
         while proc.poll() is None and case.fault != "none":
             beat = _health(run_dir).get("ranks", {}).get(str(case.rank)) or {}
             if int(beat.get("step") or 0) >= onset * steps and beat.get("pid"):
+                if case.fault == "hog":  # the other ranks on the other CPU: only the hog's rank shares its CPU
+                    _pin_others(case, _health(run_dir).get("ranks", {}))
                 t0 = time.time()
                 with _rank_fault(case, int(beat["pid"])):
                     proc.wait()

@@ -25,13 +25,14 @@ from megascope.analyzer.detect.context import DetectContext
 from megascope.analyzer.detect.diagnose import Detector, Progress, StoreDetector, diagnose
 from megascope.analyzer.detect.flaps import FlapDetector
 from megascope.analyzer.detect.hangs import HangDetector, HangReport
-from megascope.analyzer.detect.lost_time import LostTimeDetector
+from megascope.analyzer.detect.lost_time import LostTimeDetector, attributed_what_if
 from megascope.analyzer.detect.stragglers import StragglerDetector
 from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.graph import critical_path as cp
 from megascope.analyzer.graph.step_graph import build_step_graph, dependency_edges
 from megascope.analyzer.graph.what_if import what_if
+from megascope.analyzer.graph.what_if_victims import drop_fixless_culprits
 from megascope.analyzer.settings import AnalyzerSettings, DetectSettings
 from megascope.analyzer.views.heatmap import Heatmap, heatmap
 from megascope.analyzer.views.incidents import read_incidents, recovery_times
@@ -196,7 +197,8 @@ class Run:
         if self._findings is not None:
             return self._findings
         self.derived.late_arrivals()
-        self._findings = diagnose(self.context, self.detectors, self.progress)
+        found = diagnose(self.context, self.detectors, self.progress)
+        self._findings = drop_fixless_culprits(self.store, found, self.settings.detect.lost_time.victim_share)
         return self._findings
 
     def incomplete_data(self) -> list[dict[str, Any]]:
@@ -220,5 +222,7 @@ class Run:
         return self.context.hang()
 
     def what_if(self, finding: Finding) -> dict:
-        """Step time if the culprit behaved like its peers, and the throughput lost to the finding."""
-        return what_if(self.store, finding)
+        """Step time if the culprit behaved like its peers, and the throughput lost to the finding: a
+        lost-time finding's from its attribution over every step it covers (a replay of a few sampled
+        steps cannot stand for an episodic fault), any other's from the replay (graph/what_if.py)."""
+        return attributed_what_if(self.store, finding) or what_if(self.store, finding)

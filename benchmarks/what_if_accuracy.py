@@ -56,11 +56,14 @@ class Case:
     """Ranks the trace cannot tell from `rank`: a generated tp group's spans all end together."""
 
 
-def _sim(name: str, kind: str, rank: int, inject: list[str], what: str, **layout) -> Case:
+def _sim(name: str, kind: str, rank: int, inject: list[str], what: str, twin: tuple[str, ...] = (),
+         **layout) -> Case:
+    """`twin`: the faults the fixed job still has (none: the fault-free job)."""
     def make(tmp: Path) -> tuple[Path, Path]:
         from megascope.samples.simulator import SimConfig, simulate
         cfg = dict({"steps": 30, "seed": 11}, **layout)
-        return (simulate(tmp / "faulty", SimConfig(inject=inject, **cfg)), simulate(tmp / "twin", SimConfig(**cfg)))
+        return (simulate(tmp / "faulty", SimConfig(inject=inject, **cfg)),
+                simulate(tmp / "twin", SimConfig(inject=list(twin), **cfg)))
     return Case(name, make, kind, rank, what)
 
 
@@ -109,8 +112,11 @@ CASES = [
          "dp2 tp2 pp2 vpp2, 1.3x from step 5", dp=2, tp=2, pp=2, vpp=2, micro_batches=4),
     _sim("sim-late-launch", "late_launch", 6, ["late_launch:rank=6,ms=40,every=2,from=4"],
          "dp4 tp2 pp4, 40 ms before the dp collectives every 2nd step", dp=4, tp=2, pp=4),
+    # fixing a partition imbalance puts the stage at the job's mean work per op (the What-if paper's fix:
+    # a balanced split), not at the others' (no split removes work): the twin is stage 1 at (3 + 1.3) / 4
     _sim("sim-stage-imbalance", "stage_imbalance", 4, ["imbalance:stage=1,slowdown=1.3"],
-         "dp2 tp2 pp4, stage 1 30% slower", dp=2, tp=2, pp=4),
+         "dp2 tp2 pp4, stage 1 30% slower; twin: stage 1 at the stages' mean, 1.075x",
+         twin=("imbalance:stage=1,slowdown=1.075",), dp=2, tp=2, pp=4),
     _sim("sim-slow-link", "slow_link", 3, ["slow_link:ranks=3-7,factor=4"],
          "dp2 tp2 pp4, p2p link 3-7 4x slower", dp=2, tp=2, pp=4),
     _gen("gen-issue-case6", "straggler", lambda: _gen_spec(

@@ -139,22 +139,19 @@ def _apply_fix(f: Finding, g: StepGraph, topo: pd.DataFrame, duration, gap, xfer
     ev = g.events.join(topo.set_index("rank")[["pp", "dp", "tp"]], on="rank")
     culprit = ev["rank"].isin(f.ranks).to_numpy()
     outer = ~ev.internal.to_numpy(dtype=bool)  # gaps inside split spans are 0 by construction: not typical ones
-    if f.kind in ("straggler", "stage_imbalance"):
+    if f.kind == "straggler":
         spans = net_compute(ev, duration)
         mine = spans["rank"].isin(f.ranks).to_numpy()
-        if f.kind == "straggler":
-            mine = mine | _gated(spans, mine)
-            peers, stage = ~mine, spans.pp.to_numpy()
-        else:
-            peers, stage = (spans.pp != f.evidence.get("stage")).to_numpy(), np.zeros(len(spans), dtype=int)
-        names, net = spans.name.to_numpy(), spans.net.to_numpy()
+        mine = mine | _gated(spans, mine)
+        peers, stage, names = ~mine, spans.pp.to_numpy(), spans.name.to_numpy()
         med = spans.net[peers].groupby([stage[peers], names[peers]]).median()
         ref = med.reindex(pd.MultiIndex.from_arrays([stage, names])).to_numpy()
-        if f.kind == "straggler":
-            target = _unslowed(spans, mine, ref, f.steps, known or {})
-        else:
-            target = np.where(mine & ~np.isnan(ref), np.minimum(net, ref), net)
-        _set_net(duration, ev, spans, target)
+        _set_net(duration, ev, spans, _unslowed(spans, mine, ref, f.steps, known or {}))
+    elif f.kind == "stage_imbalance":  # the stage's ops at the job's mean per op: its share of a balanced split
+        spans = net_compute(ev, duration)
+        mine = (spans.pp == f.evidence.get("stage")).to_numpy()
+        mean = spans.groupby("name").net.transform("mean").to_numpy()
+        _set_net(duration, ev, spans, np.where(mine, mean, spans.net.to_numpy()))
     elif f.kind == "workload_imbalance":  # balanced batches: every dp replica does the mean work
         spans = net_compute(ev, duration)
         keys = [spans[c].to_numpy() for c in ("pp", "tp", "chunk", "microbatch", "name")]
@@ -313,12 +310,15 @@ def _replay_step(store: Store, f: Finding, step: int, ranks: list[int] | None, c
     on = g.events.step.to_numpy()
     now = on == step
     duration, gap, xfer = _inputs(g)
-    base = replay(g, duration, gap, xfer, levels)
     before = (duration.copy(), gap.copy(), xfer.copy())
     _apply_fix(f, g, store.topology, duration, gap, xfer, known)
     outside = (on < f.steps[0]) | (on > f.steps[1])  # the step before may precede the fault
     for fixed, kept in zip((duration, gap, xfer), before):
         fixed[outside] = kept[outside]
+    if launch_delays_only(g.events):
+        about = gap != before[1]  # the gaps the fix cuts are the finding's own evidence: they stay
+        before[1][~about] = gap[~about] = 0.0
+    base = replay(g, *before, levels)
     fixed = replay(g, duration, gap, xfer, levels)
 
     def step_time(end: np.ndarray) -> float:
@@ -328,6 +328,16 @@ def _replay_step(store: Store, f: Finding, step: int, ranks: list[int] | None, c
         return float(end[now].max() - start) / 1e9
 
     return step, step_time(g.events.end_ns.to_numpy()), step_time(base), step_time(fixed)
+
+
+def launch_delays_only(ev: pd.DataFrame) -> bool:
+    """Whether the events' host gaps are launch delays rather than host time: a trace timed on the GPU's
+    streams alone (NDTimeline: every op's issue is its start) cannot tell a host that was busy from one
+    that waited for something it does not record (a rank of the What-if artifact's AR trace sits 22 s
+    before a layernorm all-reduce until the slow replica catches up). The What-if paper (OSDI'25)
+    replays such traces without them (its t_ori is that replay): kept, that wait survived the fix of
+    the slow rank, and the what-if said 0.1% where the paper's says the step halves."""
+    return bool(len(ev)) and not bool((ev.issue_ns != ev.start_ns).any())
 
 
 def _barrier(ev: pd.DataFrame, now: pd.Series) -> float | None:
@@ -340,6 +350,8 @@ def _barrier(ev: pd.DataFrame, now: pd.Series) -> float | None:
     if now.all():
         return None
     prev_end, start = ev.end_ns[~now].max(), ev.issue_ns[now].min()
+    if start < ev.end_ns[~now].min():  # before anything of the step before ended: each step on a clock of
+        return 0.0  # its own (the What-if artifact's traces start every sampled step at 0)
     if start - prev_end > ev.end_ns[now].max() - start:
         return 0.0
     return float(start - prev_end) if start >= prev_end else None

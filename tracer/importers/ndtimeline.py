@@ -10,8 +10,9 @@ The conversion is one DuckDB query (sorting and numbering spill to disk, so memo
 optypes map to our event names (docs/importers.md has the table), p2p peers are the worker of the
 neighbouring stage at the same position in the same data-parallel replica (same cp and tp
 coordinates; the replica's one worker there when the trace holds one per (dp, stage)), sequence numbers
-count each rank's ops per group (collectives) or per peer and direction (p2p) in time order, as the
-tracer numbers them.
+count each rank's ops per group (collectives) or per peer and direction (p2p) in step order, then time
+order, as the tracer numbers them (by time alone, a sampled trace whose every step starts at 0, as the
+What-if artifact's do, interleaved its steps and matched sends to another step's receives).
 Such traces often hold one worker per (dp, stage) rather than every tensor-parallel rank; the run then
 lists only those workers in its topology.
 """
@@ -51,7 +52,7 @@ OPTYPES: list[tuple[str, str, str, str, int]] = [
     ("embedding-grads-all-reduce", "embedding_all_reduce", "collective", "pp", 0),
     ("layernorm-grads-all-reduce", "layernorm_all_reduce", "collective", "tp", 0),
     ("optimizer", "optimizer", "compute", "", 0),
-    ("optimizer-clip-main-grad", "optimizer_clip_main_grad", "compute", "", 0),
+    ("optimizer-clip-main-grad", "optimizer_clip_main_grad", "collective", "world", 0),
     ("gc", "gc", "host", "", 0),
 ]
 
@@ -167,8 +168,9 @@ ev AS (
 )
 SELECT rank, step, microbatch, chunk, name, kind, "group",
     CASE WHEN kind = 'compute' OR kind = 'host' THEN -1
-         WHEN kind = 'p2p' THEN row_number() OVER (PARTITION BY rank, peer, name LIKE 'send%' ORDER BY start_ns) - 1
-         ELSE row_number() OVER (PARTITION BY rank, "group", kind ORDER BY start_ns) - 1 END AS seq,
+         WHEN kind = 'p2p' THEN
+             row_number() OVER (PARTITION BY rank, peer, name LIKE 'send%' ORDER BY step, start_ns) - 1
+         ELSE row_number() OVER (PARTITION BY rank, "group", kind ORDER BY step, start_ns) - 1 END AS seq,
     CAST(peer AS INTEGER) AS peer, CAST(0 AS BIGINT) AS bytes, start_ns AS issue_ns, start_ns, end_ns
 FROM ev
 ORDER BY rank, start_ns

@@ -1,5 +1,5 @@
 """`megascope train` on several hosts, for real: each node is a network namespace with its own address,
-hostname and /etc/hosts (tests/netns.py), and runs the command the README's "Several hosts" section
+hostname and /etc/hosts (tests/netns.py), and runs the command docs/several-hosts.md
 gives, with only --node-rank differing; the run directory is the shared storage.
 
   - two nodes meet under the default rendezvous id (derived from --run-dir) and finish; the control

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
+import socket
 import sys
 
 from megascope.trainer.config import ConfigError, JobConfig, apply_overrides, load_toml, validate
 from megascope.trainer.config_docs import field_docs
 from megascope.trainer.presets import PRESETS, preset
 from megascope.trainer.robust.faults import FaultSpec, FaultSpecError, parse_specs
+from megascope.trainer.scheduler_env import DEFAULT_PORT, SCHEDULERS, resolve_launch
 
 # flag -> (section, field); every flag defaults to None so only flags the user gave override.
 FLAGS: dict[str, tuple[str, str, type]] = {
@@ -84,21 +87,32 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                             "--watch-args='--webhook http://127.0.0.1:9000/hook --metrics-port 9464' "
                             "(write it with '=' when ARGS start with '-'); see `megascope watch --help`")
     launch = p.add_argument_group(
-        "launch (torch.distributed elastic; several hosts: README, \"Several hosts\")",
+        "launch (torch.distributed elastic; several hosts: docs/several-hosts.md; schedulers: "
+        "docs/schedulers.md)",
         "On several nodes run the same command on each, with the same --run-dir and --rdzv-endpoint and "
         "its own --node-rank; node 0 runs on the --rdzv-endpoint host and also hosts the control store "
-        "on the rendezvous port + 1.")
-    launch.add_argument("--nnodes", type=int, default=1, help="number of nodes (default: 1)")
-    launch.add_argument("--node-rank", type=int, default=0,
+        "on the rendezvous port + 1. Under Slurm (srun, one task per node) or in a Kubernetes Indexed Job "
+        "the flags --nnodes, --node-rank and --rdzv-endpoint may be left out: the scheduler's variables give "
+        "them (the first line says which); a flag given anyway must agree with them.")
+    launch.add_argument("--nnodes", type=int, default=None,
+                        help="number of nodes (default: 1, or SLURM_NNODES / MEGASCOPE_K8S_NNODES)")
+    launch.add_argument("--node-rank", type=int, default=None,
                         help="this node's index 0..nnodes-1, with either rendezvous backend; node 0 must run "
-                             "on the --rdzv-endpoint host (default: 0)")
+                             "on the --rdzv-endpoint host (default: 0, or SLURM_NODEID / JOB_COMPLETION_INDEX)")
+    launch.add_argument("--scheduler", default="auto", choices=list(SCHEDULERS),
+                        help="where the launch values come from when the flags are absent: auto reads Slurm's "
+                             "or a Kubernetes indexed job's variables when set (both set: refused), none the "
+                             "flags alone (default: auto)")
     launch.add_argument("--nproc-per-node", type=int, default=None, help="ranks per node (default: world/nnodes)")
     launch.add_argument("--rdzv-backend", default="c10d", choices=["c10d", "static"],
                         help="rendezvous backend: c10d lets a lost node be replaced by starting it again, "
                              "static fixes the nodes (default: c10d)")
-    launch.add_argument("--rdzv-endpoint", default="", metavar="HOST:PORT",
+    launch.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
                         help="node 0's address and a free port, the same on every node (required with "
-                             "--nnodes > 1; PORT + 1 must be free too, for the control store)")
+                             "--nnodes > 1; PORT + 1 must be free too, for the control store; default: under "
+                             "a scheduler node 0's host (the first of SLURM_JOB_NODELIST, or <job>-0."
+                             "$MEGASCOPE_K8S_SERVICE) and $MEGASCOPE_RDZV_PORT, else $MASTER_PORT, else "
+                             f"{DEFAULT_PORT})")
     launch.add_argument("--rdzv-id", default="", metavar="ID",
                         help="job id shared by all nodes (default: megascope-NAME, NAME the last part of "
                              "--run-dir: the same on every node that passes the same --run-dir)")
@@ -194,13 +208,26 @@ def watch_args(args: argparse.Namespace) -> list[str] | None:
     return extra
 
 
+def launch_place(args: argparse.Namespace) -> str:
+    """--nnodes, --node-rank and --rdzv-endpoint settled with the scheduler's variables (SchedulerError,
+    a ValueError, with one line on a contradiction); returns the line saying where each came from ("" when
+    no scheduler is involved)."""
+    place = resolve_launch(os.environ, socket.gethostname(), args.nnodes, args.node_rank, args.rdzv_endpoint,
+                           args.scheduler)
+    args.nnodes, args.node_rank, args.rdzv_endpoint = place.nnodes, place.node_rank, place.endpoint
+    return place.line
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         cfg = resolve_config(args)
         args.watch_argv = watch_args(args)
+        where = launch_place(args)
     except (ConfigError, FaultSpecError, KeyError, ValueError) as exc:
         print(f"megascope train: {exc.args[0] if exc.args else exc}", file=sys.stderr)
         return 2
+    if where:
+        print(where, flush=True)
     from megascope.trainer.launch import launch  # torch import deferred until the config is known good
 
     return launch(cfg, args)

@@ -5,6 +5,8 @@ teardown; Ctrl-C reaches it as SIGINT and it stops every rank. With restarts all
 (--max-restarts or robust.max_restarts) the agent restarts the whole worker group after a failure and
 the workers resume from the latest complete checkpoint. Next to the agent, a supervisor thread
 (trainer/robust/supervisor.py) watches the ranks' heartbeats for silent ranks and stalls and stops the group.
+The launch values (--nnodes, --node-rank, --rdzv-endpoint) arrive settled with a scheduler's variables
+(trainer/scheduler_env.py, through trainer/cli.py).
 """
 
 from __future__ import annotations

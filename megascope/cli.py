@@ -17,6 +17,7 @@ from megascope import __version__
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("megascope.trainer.cli", "train a GPT with dp x tp x pp parallelism, traced into a run directory"),
     "analyze": ("megascope.analyzer.report.analyze_cli", "find stragglers, flaps, hangs and the MFU timeline of a run"),
+    "diff": ("megascope.analyzer.report.diff_cli", "what changed between two runs: step time, MFU, phases, findings"),
     "export": ("megascope.analyzer.report.export_cli", "write a Perfetto/Chrome trace of a run"),
     "dashboard": ("megascope.dashboard.cli", "web UI over one or more runs (live or offline)"),
     "import": ("megascope.tracer.importers.cli",

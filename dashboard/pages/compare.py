@@ -1,4 +1,6 @@
-"""Run comparison: step time and MFU of every open run side by side."""
+"""Run comparison: step time and MFU of every open run side by side, and what changed from the first run
+to each other one (the analyzer's run diff: the changes beyond the runs' own noise, findings that
+appeared or went away)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import dash
 from dash import Input, Output, callback, dcc, html
 
 from megascope.analyzer import Run
+from megascope.analyzer.views.run_diff import DiffInputError, diff, finding_text
 from megascope.dashboard import ids
-from megascope.dashboard.runs import current_catalog
+from megascope.dashboard.runs import RunCatalog, current_catalog, directory_signature
 from megascope.dashboard.series_figure import comparison_figure
 from megascope.dashboard.widgets import notices
 
@@ -43,7 +46,29 @@ def update_comparison(_tick: int | None):
                                                       "mean MFU(%)", "findings")])] +
                        [html.Tr([html.Td(v) for v in row]) for row in rows], className="grid", id=ids.COMPARE_TABLE)
     return (comparison_figure(per_step, "step_time_s", "step_time(s)"),
-            comparison_figure(per_step, "mfu", "MFU(%)"), table, notices(hint, "info"))
+            comparison_figure(per_step, "mfu", "MFU(%)"), html.Div([table, *changes_from_first(catalog)]),
+            notices(hint, "info"))
+
+
+def changes_from_first(catalog: RunCatalog) -> list[html.Div]:
+    """Per run after the first: what changed from the first run to it (`megascope diff FIRST RUN`)."""
+    first = directory_signature(catalog.paths[0])
+    return [catalog.cached(i, ("diff-from-first", first), partial(_changes, catalog=catalog, name=name))
+            for i, name in enumerate(catalog.names) if i]
+
+
+def _changes(run_b: Run, catalog: RunCatalog, name: str) -> html.Div:
+    a = catalog.names[0]
+    with catalog.using(0) as run_a:  # run_b's lock is held by catalog.cached: locks taken in this order only
+        try:
+            d = diff(run_a, run_b)
+        except DiffInputError as exc:
+            return html.Div([html.H3(f"{a} -> {name}"), html.P(str(exc))])
+    lines = [c.sentence(a, name) for c in d.named] or ["nothing beyond the runs' own step-to-step noise"]
+    lines += [f"appeared: {finding_text(f)}" for f in d.appeared]
+    lines += [f"went away: {finding_text(f)}" for f in d.went_away]
+    lines += [f"not compared: {note}" for note in d.not_compared]
+    return html.Div([html.H3(f"{a} -> {name}"), html.Ul([html.Li(line) for line in lines])])
 
 
 def summary_row(run: Run, name: str) -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import cast
 
 from megascope.analyzer.findings import Finding, Kind
+from megascope.analyzer.views.links import NETWORK_KINDS
 
 
 @dataclass
@@ -58,12 +59,15 @@ def read_live_findings(path: str | Path) -> list[LiveFinding]:
             finding, event, at = _finding(r), r["event"], int(r["at_step"])
         except (ValueError, KeyError, TypeError, IndexError):
             continue
-        key = (finding.kind, tuple(sorted(finding.ranks)))
+        kind = "network" if finding.kind in NETWORK_KINDS else finding.kind  # one live finding (watch/tracker.py)
+        key = (kind, tuple(sorted(finding.ranks)))
         row = latest.get(key)
         if row is None or (event in ("start", "end", "open_at_end") and row.state == "ended"):
             row = latest[key] = LiveFinding(finding, "open", at)
             rows.append(row)
-        if event == "end":  # its steps run from the onset the watcher kept to the last affected step
+        if event == "update":  # a network finding counted another episode: the record is the whole finding
+            row.finding = finding
+        elif event == "end":  # its steps run from the onset the watcher kept to the last affected step
             row.state, row.ended_at, row.finding = "ended", at, finding
         elif event == "open_at_end":
             row.at_end, row.finding = True, finding

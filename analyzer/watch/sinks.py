@@ -30,8 +30,8 @@ Log = Callable[[str], None]
 def line_of(record: Record) -> str:
     """One line for a person: what changed, where, and the finding's own sentence."""
     steps = record["steps"]
-    verb = {"start": "NEW", "end": "ENDED", "open_at_end": "OPEN AT END", "final": "FINAL"}.get(record["event"],
-                                                                                               record["event"])
+    verb = {"start": "NEW", "update": "MORE", "end": "ENDED", "open_at_end": "OPEN AT END",
+            "final": "FINAL"}.get(record["event"], record["event"])
     return f"[step {record['at_step']}] {verb} {record['kind']} (steps {steps[0]}-{steps[1]}): {record['summary']}"
 
 

@@ -129,7 +129,8 @@ class Watcher:
         self.path = Path(run_dir)
         self.cfg = cfg or WatchConfig()
         self.log = log or (lambda msg: print(f"megascope watch: {msg}", file=sys.stderr, flush=True))
-        self.tracker = Tracker(end_after=self.cfg.settings.detect.straggler.max_gap + 1, hold=self.cfg.window // 2)
+        self.tracker = Tracker(end_after=self.cfg.settings.detect.straggler.max_gap + 1, hold=self.cfg.window // 2,
+                               network_hold=4 * self.cfg.window)
         self.state = WatchState()
         self.metrics: WatchMetrics | None = None
         self.follower: LiveRows | None = None
@@ -263,12 +264,13 @@ class Watcher:
         if not hang_changed and not self._judge_due(step):
             return
         cpu = time.process_time()
+        since = self.state.analyzed_step
         first = self._first_step(step)
         store = self._live_store(bool(inflight))
         window = judge_window(store, rows, first, step, cfg.settings)
         found = self._true_onsets(store, window.findings, first, step)
         self.state.analyzed_step, self.state.inflight = step, inflight
-        for change in self.tracker.update(found, step):
+        for change in self.tracker.update(found, step, since):
             self._send(change.event, change.finding, change.at_step)
         quarter = cfg.window // 4  # _first_step's reach before an onset
         rows.pin([(f.steps[0] - quarter, f.steps[0] + quarter) for f in self.tracker.open.values() if f.kind != "hang"])
@@ -299,11 +301,14 @@ class Watcher:
         detector holds to a stricter test (z_start): judged that way a 2.5x straggler came and went 3
         times in 90 steps."""
         first = step - self.cfg.window + 1
+        if self.state.analyzed_step is not None:  # every step since the last judgement, with context: a
+            # flush lands 30-50 steps at once, and an episode wholly between two windows went unseen
+            first = min(first, self.state.analyzed_step + 1 - self.cfg.window // 4)
         onsets = [f.steps[0] for f in self.tracker.open.values() if f.kind != "hang"]
         kept = self.follower.first_kept() if self.follower is not None else None
         if onsets and kept is not None:
             first = min(first, max(kept, min(onsets) - self.cfg.window // 4))
-        return first
+        return max(first, kept) if kept is not None else first
 
     def _judge_due(self, step: int) -> bool:
         """Whether the window ending at `step` is judged now: the steps since the last judgement times
@@ -328,7 +333,8 @@ class Watcher:
         straggler from step 60 announced "since step 89" in a window from step 85, 1 run in 7)."""
         rows = self.follower
         kept = rows.first_kept() if rows is not None else None
-        fresh = step - self.tracker.end_after  # an older last step is no news: the tracker drops it
+        last = self.state.analyzed_step  # the step judged before this window (the tracker's `since`)
+        fresh = min(step, last if last is not None else step) - self.tracker.end_after  # older: no news
         clipped = [f for f in found
                    if key_of(f) not in self.tracker.open and f.kind != "hang" and f.steps[1] >= fresh]
         if rows is None or kept is None or kept >= first or not clipped:
@@ -416,7 +422,7 @@ class Watcher:
                 skipped += 1
                 continue
             key = key_of(finding)
-            if event == "start":
+            if event in ("start", "update"):
                 self.tracker.open[key] = finding
                 self.tracker.seen.add(key)
             elif event in ("end", "open_at_end"):
@@ -470,6 +476,7 @@ class Watcher:
         with self._changing:
             old_cfg, old_hook, self.cfg = self.cfg, self.webhook, cfg
             self.tracker.end_after, self.tracker.hold = cfg.settings.detect.straggler.max_gap + 1, cfg.window // 2
+            self.tracker.network_hold = 4 * cfg.window
             if cfg.webhook != old_cfg.webhook:
                 self.webhook = BackgroundSink("webhook", post_json(cfg.webhook), self.log) if cfg.webhook else None
                 if old_hook is not None:

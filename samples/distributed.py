@@ -1,7 +1,7 @@
 """Run a function on a real multi-process gloo group and collect each rank's return value.
 
-Used by the tests and the benchmarks; it lives in the package (megascope.samples) so that a benchmark
-script imports it without editing sys.path."""
+Used by the tests and the benchmarks; it lives in the package (megascope.samples) so that a script can
+import it without editing sys.path (the benchmarks that still edit it do so for tests/ helpers)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ def test_episodes_of_one_link_are_one_finding_that_counts_them():
     events = []
     for at, window in [(57, [link(48, 52)]), (90, []), (150, [link(140, 145)]), (180, []), (230, [link(224, 229)]),
                        (231, [link(224, 230)])]:
-        events += [(c.event, c.finding.kind, c.finding.evidence["episode_count"]) for c in t.update(window, at, at - 30)]
+        changes = t.update(window, at, at - 30)
+        events += [(c.event, c.finding.kind, c.finding.evidence["episode_count"]) for c in changes]
     assert events == [("start", "slow_link", 1), ("update", "network_flap", 2), ("update", "network_flap", 3)]
     (f,) = t.open.values()
     assert f.steps == (48, 230) and f.evidence["episodes"] == [[48, 52], [140, 145], [224, 230]]

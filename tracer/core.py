@@ -1,8 +1,9 @@
 """The per-rank Tracer: ambient step state, span/comm recording, and the background machinery.
 
-One Tracer per process (rank). It owns the buffers and the flusher thread, the hang watchdog, and on
-a GPU the CUDA event resolver, the NVML sampler and (optionally) CUPTI. Everything the training
-thread calls is guarded: an error inside the tracer is logged and counted, never raised.
+One Tracer per process (rank). It owns the buffers and the flusher thread, the hang watchdog, the host
+sampler (host_steps), and on a GPU the CUDA event resolver, the NVML sampler and (optionally) CUPTI.
+Everything the training thread calls is guarded: an error inside the tracer is logged and counted,
+never raised.
 Use it through megascope.tracer.api (activate, set_step, span, record_step), not directly.
 """
 
@@ -28,6 +29,7 @@ from megascope.tracer.completion import CompletionTracker
 from megascope.tracer.config import TraceConfig, flush_interval
 from megascope.tracer.edge_summary import SummarizingSink
 from megascope.tracer.flusher import Flusher
+from megascope.tracer.host_sampler import HostSampler
 from megascope.tracer.schedule import Schedule, check_level, every_n_steps
 from megascope.tracer.schema import TRACED, WAIT_SUFFIX
 from megascope.tracer.sink import ParquetSegmentSink, Sink
@@ -105,6 +107,8 @@ class Tracer:
         self.nvml: NvmlSampler | None = None
         self.cupti: CuptiKernelRecorder | None = None
         self.completion: CompletionTracker | None = None
+        self.host: HostSampler | None = None
+        """Per-step host evidence (GC, CPU time, run delay, cgroup throttling) for host_steps."""
         self.pending_works: deque = deque()
         """Async works not yet seen complete (the completion tracker's); the hot path tests it for
         emptiness and, when not empty, sweeps: completion observed at the training thread's own events."""
@@ -117,6 +121,10 @@ class Tracer:
         self.flusher = Flusher(self.buffers, self.sink, self.flush_interval_s)
         self.completion = CompletionTracker()
         self.pending_works = self.completion.pending
+        try:
+            self.host = HostSampler()
+        except Exception as exc:  # no host evidence; tracing goes on
+            self._failed("starting the host sampler", exc)
         self.watchdog = HangWatchdog(self.run_dir, self.rank, self.registry, cfg.hang_timeout_s,
                                      self.clock.now_ns, self._ambient)
         if self.is_cuda:
@@ -291,10 +299,21 @@ class Tracer:
             end_ns = self.now_ns() if end_ns is None else int(end_ns)
             self.buffers["steps"].append((step, start_ns, end_ns, int(tokens), float(loss), float(lr),
                                           float(grad_norm), float(model_flops), self.dropped_events))
+            if self.host is not None:
+                self._record_host(step)
             if self.summary is not None:
                 self.summary.step(step, (end_ns - start_ns) / 1e9)
         except Exception as exc:
             self._failed("record_step", exc)
+
+    def _record_host(self, step: int) -> None:
+        """The host_steps row of the window since the previous record_step (none on the first)."""
+        try:
+            row = self.host.delta(self.now_ns())  # type: ignore[union-attr]
+            if row is not None:
+                self.buffers["host_steps"].append((step, *row))
+        except Exception as exc:
+            self._failed("host sample", exc)
 
     def sync_clocks(self, group: ProcessGroup | None = None, rounds: int = 8) -> ClockSyncResult | None:
         """Collective: every rank of `group` (default world) calls it at the same point.
@@ -338,7 +357,7 @@ class Tracer:
         self._closed = True
         atexit.unregister(self.close)
         for part in (self.summary, self.cupti, self.nvml, self.watchdog, self.completion, self.timeline,
-                     self.flusher):
+                     self.host, self.flusher):
             if part is not None:
                 try:
                     part.close()

@@ -71,6 +71,20 @@ KERNELS = pa.schema([
     ("end_ns", pa.int64()),
 ])
 
+HOST_STEPS = pa.schema([
+    ("rank", pa.int32()),
+    ("step", pa.int64()),               # the step whose record_step closed the window
+    ("start_ns", pa.int64()),           # the window: the previous record_step (aligned clock, Unix epoch ns)
+    ("end_ns", pa.int64()),             # ... to this one
+    ("cpu_ns", pa.int64()),             # the training thread's CPU time in the window (schedstat), -1 absent
+    ("run_delay_ns", pa.int64()),       # the training thread runnable but waiting for a CPU (schedstat), -1 absent
+    ("throttled_ns", pa.int64()),       # the process's cgroup throttled by its CPU quota (cpu.stat), -1 absent
+    ("gc_ns", pa.int64()),              # Python garbage collection pauses (gc.callbacks)
+    ("gc_count", pa.int64()),           # collections in the window
+])
+"""Where a rank's host time went, one row per step after its first (tracer/host_sampler.py): the
+evidence the analyzer's cause step (analyzer/detect/cause.py) reads."""
+
 # Summaries at the edge (tracer/edge_summary.py): what the analyzer's event pass derives from a rank's
 # events, written by the rank's own tracer (tracer/sql/ holds the macros both run); docs/schema.md.
 EDGE_RANK_STEP = pa.schema(
@@ -94,7 +108,8 @@ EDGE_COLLECTIVES = pa.schema([
 ])
 """The rank's collective ops (its arrival at each, and the end): late arrivals' inputs."""
 
-TRACED: dict[str, pa.Schema] = {"events": EVENTS, "steps": STEPS, "gpu": GPU, "kernels": KERNELS}
+TRACED: dict[str, pa.Schema] = {"events": EVENTS, "steps": STEPS, "gpu": GPU, "kernels": KERNELS,
+                                 "host_steps": HOST_STEPS}
 """The tables a tracer records (one buffer each)."""
 EDGE: dict[str, pa.Schema] = {"edge_rank_step": EDGE_RANK_STEP, "edge_peer_step": EDGE_PEER_STEP,
                               "edge_collectives": EDGE_COLLECTIVES}

@@ -8,14 +8,17 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from megascope.analyzer.findings import cost_text
 from megascope.analyzer.report.build import incomplete_why
 from megascope.analyzer.report.plots import PlotData
 from megascope.analyzer.views.heatmap import METRICS, color_range
 
 _STYLE = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse}"
           "td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top}")
-_FINDINGS_HEADER = ("<tr><th>kind</th><th>steps</th><th>severity</th><th>throughput lost (what-if)</th>"
+_FINDINGS_HEADER = ("<tr><th>kind</th><th>steps</th><th>cost</th><th>throughput lost (what-if)</th>"
                     "<th>ranks</th><th>summary</th></tr>")
+"""The findings table, costliest first as the report orders them; severity is left out as in the text
+report (it means another thing for every kind)."""
 
 
 def _figures(data: PlotData) -> list[go.Figure]:
@@ -43,7 +46,15 @@ def _figures(data: PlotData) -> list[go.Figure]:
 
 
 def _cost(finding: dict) -> str:
-    """The what-if cost cell: throughput lost to the finding, as in the text report."""
+    """The cost cell: seconds, share of the lost time and GPU-hours, as in the text report."""
+    ev = finding.get("evidence") or {}
+    if ev.get("cost_s") is None:
+        return "n/a"
+    return cost_text(ev) + (" by its what-if" if ev.get("cost_from") == "what_if" else "")
+
+
+def _what_if(finding: dict) -> str:
+    """The what-if cell: throughput lost to the finding, as in the text report."""
     wi = finding.get("what_if") or {}
     if wi.get("applicable") and wi.get("throughput_lost") is not None:
         return f"{100 * wi['throughput_lost']:.1f}%"
@@ -54,7 +65,8 @@ def write_html(report: dict, plots: PlotData, path: str | Path) -> Path:
     """The report with its plots (report/plots.py: plot_data(run)) as one self-contained page."""
     rows = "".join(
         f"<tr><td>{html.escape(f['kind'])}</td><td>{f['steps'][0]}-{f['steps'][1]}</td>"
-        f"<td>{f['severity']:.2f}</td><td>{_cost(f)}</td><td>{html.escape(', '.join(map(str, f['ranks'][:16])))}</td>"
+        f"<td>{html.escape(_cost(f))}</td><td>{_what_if(f)}</td>"
+        f"<td>{html.escape(', '.join(map(str, f['ranks'][:16])))}</td>"
         f"<td>{html.escape(f['summary'])}</td></tr>" for f in report["findings"]) or \
         "<tr><td colspan=6>No findings.</td></tr>"
     incomplete = "".join(f"<li>rank {d['rank']}, steps {d['steps'][0]}-{d['steps'][1]}: "

@@ -149,7 +149,7 @@ CASES = [
     _gen("gen-1024-ranks", "straggler", lambda: _gen_spec(
         dp=16, tp=8, pp=8, steps=20, micro=4, seed=1, p2p_s=4e-3,
         faults=[{"dp": 5, "stage": 6, "tp": 3, "fwd": 1.1, "bwd": 1.1, "first": 8}]),
-        "dp16 tp8 pp8 (1,024 ranks, the replay covers 184), one GPU 10% slow from step 8"),
+        "dp16 tp8 pp8 (1,024 ranks, replayed whole), one GPU 10% slow from step 8"),
 ]
 TRAIN_CASES = [
     ("train-dp2pp2", ["--dp", "2", "--pp", "2"], "straggler:rank=3,slowdown=2,from=8", 3,

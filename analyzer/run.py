@@ -65,6 +65,9 @@ class Run:
         self.derived = DerivedTables(store, self.progress, engine)
         """The derived tables, built on demand (engine: where the event pass's batches run)."""
         self._findings: list[Finding] | None = None
+        self.victims_by_what_if = True
+        """Judge uncharged culprits by their what-if (graph/what_if_victims.py); off for a report without
+        what-ifs (`analyze --no-what-if`), which reads no events for it."""
 
     @classmethod
     def open(cls, path: str | Path, detectors: Sequence[Detector | StoreDetector] | None = None,
@@ -198,7 +201,8 @@ class Run:
             return self._findings
         self.derived.late_arrivals()
         found = diagnose(self.context, self.detectors, self.progress)
-        self._findings = drop_fixless_culprits(self.store, found, self.settings.detect.lost_time.victim_share)
+        self._findings = (drop_fixless_culprits(self.store, found, self.settings.detect.lost_time.victim_share)
+                          if self.victims_by_what_if else found)
         return self._findings
 
     def incomplete_data(self) -> list[dict[str, Any]]:

@@ -138,7 +138,9 @@ def test_ray_engine_gives_the_local_tables_and_findings(run_dir, cluster, monkey
     for name in ("peer_step", "collectives", "late", "rank_step_incomplete"):
         pd.testing.assert_frame_equal(a[name], b[name], check_exact=False, rtol=1e-12, obj=name)
     kinds = {f["kind"] for f in _findings(local)}
-    assert {"straggler", "late_launch"} <= kinds
+    # the late launch beside the straggler saves nothing once replayed (the ranks wait for the straggler):
+    # a victim by the what-if (graph/what_if_victims.py); the engines must agree either way
+    assert "straggler" in kinds
     assert _findings(local) == _findings(remote)
 
 
@@ -266,7 +268,9 @@ def test_url_run_in_batches_with_a_damaged_segment(bucket, cluster, monkeypatch,
     assert _findings(local) and _findings(local) == _findings(remote)
     assert local.incomplete_data() == remote.incomplete_data()
     held = _segments_by_rank(mirror)
-    assert held["events"] == held["steps"] == {"rank=00000", "rank=00006"}, held
+    # beside rank 0 and the damaged rank the driver reads what the victim rule's what-if replays
+    # (graph/what_if_victims.py: every rank's events of a few steps, as Run.what_if does)
+    assert {"rank=00000", "rank=00006"} <= held["events"] and held["events"] == held["steps"], held
 
 
 def test_ray_engine_reads_the_summaries_at_the_edge(run_dir, cluster, monkeypatch, tmp_path):
@@ -292,5 +296,5 @@ def test_ray_engine_reads_the_summaries_at_the_edge(run_dir, cluster, monkeypatc
     assert len(a["rank_step"]) == 16 * 8 and len(a["collectives"]) > 0
     for name in ("rank_step", "peer_step", "collectives", "late", "rank_step_incomplete"):
         pd.testing.assert_frame_equal(a[name], b[name], check_exact=False, rtol=1e-12, obj=name)
-    assert {"straggler", "late_launch"} <= {f["kind"] for f in _findings(local)}
+    assert "straggler" in {f["kind"] for f in _findings(local)}
     assert _findings(local) == _findings(remote)

@@ -24,6 +24,7 @@ def build_report(run: "Run", with_what_if: bool = True) -> dict:
     man = run.manifest
     topo = man.get("topology", {})
     mfu = run.mfu()
+    run.victims_by_what_if = run.victims_by_what_if and with_what_if
     findings = run.findings()
     max_what_if = run.settings.report.max_what_if
     out_findings = []

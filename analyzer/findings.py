@@ -16,6 +16,9 @@ CULPRIT_KINDS: tuple[Kind, ...] = ("straggler", "late_launch")
 """Kinds that name the rank the others waited on: they explain the findings of their victims
 (detect/explain.py), carry its collective-arrival evidence (Run.findings) and a per-rank score
 series in the watcher's metrics (watch/metrics.py)."""
+NETWORK_KINDS: tuple[Kind, ...] = ("network_flap", "slow_link")
+"""The kinds that blame the network between two ranks, not a rank: one live finding (watch/tracker.py),
+one link in the link view, explained by their link."""
 
 MIN_LATENESS_S = 1e-4
 """Seconds: the last member of a collective counts as late (sql/arrivals.sql, `min_lateness_s`) when it

@@ -13,11 +13,9 @@ import pytest
 from megascope.analyzer import Run
 from megascope.analyzer.data.store import load_sql
 from megascope.analyzer.detect.flaps import FlapDetector, group_boundaries
-from megascope.analyzer.findings import Finding
+from megascope.analyzer.findings import NETWORK_KINDS, Finding
 from megascope.tracer.importers.cli import import_run
 from tests.megatron_1f1b_gen import GenConfig, write_parquet
-
-LINK_KINDS = ("network_flap", "slow_link")
 
 
 def _run(tmp: Path, cfg: GenConfig) -> Run:
@@ -45,7 +43,7 @@ def test_boundary_wide_waiting_is_not_a_flap(tmp_path: Path):
     cfg = GenConfig(dp=4, tp=4, pp=4, steps=60, slow={37: (1.1, 30)}, boundary_wait=(2, 0.4, 0.0013), seed=2)
     run = _run(tmp_path, cfg)
     findings = run.findings()
-    assert not [f.summary for f in findings if f.kind in LINK_KINDS]
+    assert not [f.summary for f in findings if f.kind in NETWORK_KINDS]
     # the trap is armed: per step, a large share of that boundary's link-steps look degraded
     assert _degraded_share(run, 2) > 0.1
 
@@ -55,7 +53,7 @@ def test_flapping_links_still_found_next_to_waiting(tmp_path: Path):
     episodes = set(range(10, 14)) | set(range(30, 34)) | set(range(50, 54))
     flaps = {(2 * n + 5, 3 * n + 5): (0.004, episodes), (0 * n + 9, 1 * n + 9): (0.004, episodes)}
     cfg = GenConfig(dp=4, tp=4, pp=4, steps=60, boundary_wait=(2, 0.4, 0.0013), link_extra=flaps, seed=3)
-    found = [f for f in _run(tmp_path, cfg).findings() if f.kind in LINK_KINDS]
+    found = [f for f in _run(tmp_path, cfg).findings() if f.kind in NETWORK_KINDS]
     assert sorted(tuple(f.ranks) for f in found) == sorted(flaps), [f.summary for f in found]
     for f in found:
         assert f.kind == "network_flap" and f.evidence["episode_count"] == 3, f.summary
@@ -67,7 +65,7 @@ def test_links_flapping_together_are_one_finding(tmp_path: Path):
     episodes = set(range(10, 14)) | set(range(30, 34))
     shared = {(r, n + r): (0.004, episodes) for r in (1, 4, 6, 11, 14)}
     cfg = GenConfig(dp=8, tp=2, pp=2, steps=45, link_extra=shared, seed=4)
-    found = [f for f in _run(tmp_path, cfg).findings() if f.kind in LINK_KINDS]
+    found = [f for f in _run(tmp_path, cfg).findings() if f.kind in NETWORK_KINDS]
     assert len(found) == 1, [f.summary for f in found]
     f = found[0]
     assert f.kind == "network_flap" and f.evidence["shared_cause"] and f.evidence["link_count"] == 5
@@ -93,4 +91,4 @@ def test_group_boundaries_keeps_few_links_apart():
 @pytest.mark.parametrize("seed", [0, 1])
 def test_clean_megatron_trace_has_no_link_finding(tmp_path: Path, seed: int):
     cfg = GenConfig(dp=4, tp=2, pp=4, steps=40, seed=seed)
-    assert not [f.summary for f in _run(tmp_path, cfg).findings() if f.kind in LINK_KINDS]
+    assert not [f.summary for f in _run(tmp_path, cfg).findings() if f.kind in NETWORK_KINDS]

@@ -19,25 +19,23 @@ detector names is judged on the other steps (lost_time.settle), not the network 
 
 from __future__ import annotations
 
-from megascope.analyzer.findings import CULPRIT_KINDS, Finding
-
-LINK_KINDS = ("network_flap", "slow_link")
+from megascope.analyzer.findings import CULPRIT_KINDS, NETWORK_KINDS, Finding
 
 
 def drop_explained(findings: list[Finding], topology=None) -> list[Finding]:
     if topology is not None:
         findings = _drop_replica_followers(findings, topology)
     culprits = [f for f in findings if f.kind in CULPRIT_KINDS]
-    links = [f for f in findings if f.kind in LINK_KINDS and _is_p2p(f)]
+    links = [f for f in findings if f.kind in NETWORK_KINDS and _is_p2p(f)]
     out = []
     for f in findings:
         if f.evidence.get("source") == "lost_time":
             explained_by = []  # already attributed step by step
         elif f.kind == "stage_imbalance":
             explained_by = culprits
-        elif f.kind in LINK_KINDS and not _is_p2p(f):
+        elif f.kind in NETWORK_KINDS and not _is_p2p(f):
             explained_by = culprits + links
-        elif f.kind in LINK_KINDS:
+        elif f.kind in NETWORK_KINDS:
             explained_by = culprits
         else:
             explained_by = []

@@ -18,7 +18,7 @@ import numpy as np
 
 from megascope.analyzer.data.event_pass import has_wait_spans
 from megascope.analyzer.data.store import Store, load_sql
-from megascope.analyzer.findings import Finding
+from megascope.analyzer.findings import NETWORK_KINDS, Finding
 from megascope.tracer.schema import WAIT_SUFFIX
 
 
@@ -35,7 +35,6 @@ METRICS: dict[str, LinkMetric] = {
 }
 """The link view's metrics (link_step.sql's wait_s, transfer_s, bytes_per_s), the one list."""
 _COLUMNS = {"wait": "wait_s", "transfer": "transfer_s", "rate": "bytes_per_s"}
-NETWORK_KINDS = ("network_flap", "slow_link")
 
 
 @dataclass

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from megascope.analyzer.findings import Finding, Kind
-from megascope.analyzer.views.links import NETWORK_KINDS
+from megascope.analyzer.findings import NETWORK_KINDS, Finding, Kind
 
 
 @dataclass

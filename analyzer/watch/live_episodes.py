@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from megascope.analyzer.findings import Finding
 
-NETWORK_KINDS = ("network_flap", "slow_link")
-
 
 def episodes_of(f: Finding) -> list[tuple[int, int]]:
     """[first, last] step of each episode, from either detector's evidence (lost time: [a, b] pairs;

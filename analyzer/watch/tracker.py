@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from megascope.analyzer.findings import Finding
+from megascope.analyzer.findings import NETWORK_KINDS, Finding
 from megascope.analyzer.settings import StragglerConfig
-from megascope.analyzer.watch.live_episodes import NETWORK_KINDS, gather
+from megascope.analyzer.watch.live_episodes import gather
 
 Key = tuple[str, tuple[int, ...]]
 

@@ -7,8 +7,8 @@ import dash
 from dash import Input, Output, State, callback, dcc, html
 from dash.development.base_component import Component
 
-from megascope.analyzer.findings import Finding
-from megascope.analyzer.views.links import NETWORK_KINDS, LinkMap, finding_episodes, finding_links
+from megascope.analyzer.findings import NETWORK_KINDS, Finding
+from megascope.analyzer.views.links import LinkMap, finding_episodes, finding_links
 from megascope.dashboard import ids
 from megascope.dashboard.link_figure import METRICS, clicked_link, link_figure, timeline_href
 from megascope.dashboard.runs import current_catalog

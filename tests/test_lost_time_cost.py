@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from megascope.analyzer import Run
-from megascope.analyzer.detect.lost_time import Attribution, settle
+from megascope.analyzer.detect.lost_time import Attribution
+from megascope.analyzer.detect.settle import settle
 from megascope.analyzer.findings import Finding, report_order
 from megascope.analyzer.report.build import build_report, by_cost, render_text
 from megascope.analyzer.settings import LostTimeConfig

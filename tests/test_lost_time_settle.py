@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from megascope.analyzer.detect.lost_time import Attribution, settle
+from megascope.analyzer.detect.lost_time import Attribution
+from megascope.analyzer.detect.settle import settle
 from megascope.analyzer.findings import Finding
 from megascope.analyzer.settings import LostTimeConfig
 

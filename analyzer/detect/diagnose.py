@@ -17,7 +17,7 @@ from megascope.analyzer.data.store import DETECT_MEMORY_LIMIT, Store
 from megascope.analyzer.detect.cause import explain_causes
 from megascope.analyzer.detect.context import DetectContext
 from megascope.analyzer.detect.explain import drop_explained
-from megascope.analyzer.detect.lost_time import settle
+from megascope.analyzer.detect.settle import settle
 from megascope.analyzer.detect.trace_back import trace_back
 from megascope.analyzer.findings import CULPRIT_KINDS, Finding, report_order
 

@@ -33,6 +33,15 @@ tbf-dp and cut-pp became tuned with 87c855b (their one-step episodes made the ne
 net_spike_share); cut-dp and tbf-pp-4m were added with it, held out, as the rule's fresh test.
 hog-dp2-r0 replaced hog-r0, whose label its own runs showed false (CASES says why), held out.
 
+Cause split (issue 41.4, decided 2026-12-07 20:52 UTC, before any change of analyzer/detect/cause.py
+for it and before any cause case was run): every case has a true cause (Case.cause: the fault's
+explained_by, "network" for a link fault, "none" for a clean run). New cause cases, not yet in CASES:
+TUNED (may guide a change of cause.py): one trainer case per cause -- a slow loader (data_loading), GC
+pressure (garbage_collection), a pinned CPU hog with no quota (cpu_contention), a cgroup v1 quota
+(cpu_quota), a SIGSTOP duty cycle (paused), a stretched compute span (slow_compute), and the existing
+tbf-pp (network). HELD OUT (never used to tune, reported apart): every attached-job (samples/ddp_loop.py
+under torchrun) cause case, and a second trainer case per cause on another rank and another size.
+
 A pass: a rank fault names exactly its rank as the culprit and no link; a link fault names a link or
 host pair between the two hosts and no rank; a clean run blames nothing (stage or workload imbalance
 findings are reported, not counted: the tiny model's stages really differ). Takes ~1 minute a case on
@@ -63,11 +72,16 @@ sys.path.insert(0, str(ROOT))
 
 from megascope.analyzer import Run  # noqa: E402
 from megascope.analyzer.detect.lost_time import attributed_what_if  # noqa: E402
+from megascope.analyzer.findings import NETWORK_KINDS as LINK_KINDS  # noqa: E402
 from tests import netns, outside_faults  # noqa: E402
 
 CULPRIT_KINDS = ("straggler", "late_launch", "hang")
-LINK_KINDS = ("network_flap", "slow_link")
 LINK_FAULTS = ("tbf", "cut")
+
+TRUE_CAUSE = {"none": "none", "stop": "paused", "quota": "cpu_quota", "hog": "cpu_contention",
+              "sleep": "host_time", "tbf": "network", "cut": "network"}
+"""Each fault's true cause. A sleep before a step's first span uses no CPU and waits in no run queue: no
+sampled measure explains it, so host_time (analyzer/detect/cause.py's fallback) is its true answer."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +99,12 @@ class Case:
     seed: int = 1234
     job: str = "train"
     """train: `megascope train`; else an attached third-party job, samples/<job>.py under torchrun"""
+
+    @property
+    def cause(self) -> str:
+        """The true cause: the explained_by a culprit's finding should carry (DESIGN.md section 7), "network"
+        for a link fault (its network_flap / slow_link finding), "none" for a clean run."""
+        return TRUE_CAUSE[self.fault]
 
     @property
     def expected(self) -> str:
@@ -379,6 +399,9 @@ class Score:
     """the matching finding's what-if step time without the fault (the report's what_if_step_time_s)"""
     what_if_vs_clean: float | None = None
     """what_if_step_s / the clean twin's median_step_s, both measured in the same lab run (1.0: exact)"""
+    true_cause: str = "none"
+    cause_found: str | None = None
+    """the culprit finding's explained_by ("network" for a matched link finding); None: no culprit named"""
 
 
 def score(case: Case, run_dir: Path, windows: list[tuple[float, float]]) -> Score:
@@ -406,7 +429,7 @@ def score(case: Case, run_dir: Path, windows: list[tuple[float, float]]) -> Scor
         match = [blamed[case.rank]] if case.rank in blamed else []
         ok = set(blamed) == {case.rank} and not links
     out = Score(case.name, case.held_out, case.expected, "; ".join(found) or "none", ok, other=other,
-                median_step_s=round(float(step_time[step_time > 0].median()), 5))
+                median_step_s=round(float(step_time[step_time > 0].median()), 5), true_cause=case.cause)
     if faulty:
         base = float(step_time[step_time.index < faulty[0]].median())
         # a link cut's cost is its own steps' (cuts are short and far apart: the span from the first to the
@@ -420,6 +443,7 @@ def score(case: Case, run_dir: Path, windows: list[tuple[float, float]]) -> Scor
             out.stated_cost_s = round(sum(stated), 2) if all(c is not None for c in stated) else None
     if match:  # what the report says the job would take without the culprit (analyzer/report/build.py)
         culprit = max(match, key=lambda f: f.evidence.get("cost_s") or 0.0)
+        out.cause_found = "network" if case.fault in LINK_FAULTS else str(culprit.evidence.get("explained_by"))
         wi = (attributed_what_if(run.store, culprit) or run.what_if(culprit)) if culprit.kind != "hang" else {}
         if wi.get("what_if_step_time_s") is not None:
             out.what_if_step_s = round(float(wi["what_if_step_time_s"]), 5)
@@ -471,6 +495,30 @@ def print_table(scores: list[Score]) -> None:
                   f"{_fmt(s.stated_cost_s):>7} {_fmt(s.onset_error):>6} {wi:>13}  {'pass' if s.passed else 'FAIL'}"
                   + (f"  (also: {', '.join(s.other)})" if s.other else ""))
         print(f"{part}: {sum(s.passed for s in rows)}/{len(rows)} pass\n")
+
+
+def cause_matrix(scores: list[Score]) -> dict[str, dict[str, int]]:
+    """True cause -> reported explained_by -> cases, over the cases whose culprit was named."""
+    out: dict[str, dict[str, int]] = {}
+    for s in scores:
+        if s.cause_found is not None:
+            row = out.setdefault(s.true_cause, {})
+            row[s.cause_found] = row.get(s.cause_found, 0) + 1
+    return out
+
+
+def print_cause_matrix(scores: list[Score]) -> None:
+    for part in ("tuned", "held-out"):
+        m = cause_matrix([s for s in scores if s.held_out == (part == "held-out")])
+        if not m:
+            continue
+        cols = sorted({c for row in m.values() for c in row})
+        print(f"cause ({part}; rows: true cause, columns: explained_by, cases whose culprit was named)")
+        print(f"{'':<20}" + "".join(f"{c:>20}" for c in cols))
+        for cause, row in sorted(m.items()):
+            print(f"{cause:<20}" + "".join(f"{row.get(c, 0):>20}" for c in cols))
+        right = sum(row.get(cause, 0) for cause, row in m.items())
+        print(f"{part}: cause right {right}/{sum(sum(r.values()) for r in m.values())}\n")
 
 
 def select(spec: str) -> list[Case]:
@@ -527,6 +575,7 @@ def main() -> int:
     print()
     print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     print_table(scores)
+    print_cause_matrix(scores)
     if args.json:
         args.json.write_text(json.dumps([asdict(s) for s in scores], indent=1))
     return 0

@@ -157,3 +157,18 @@ def test_what_if_error_is_against_the_clean_twin_of_the_same_job_layout_hosts_an
               lab.Score("stop-r1", False, "rank 1", "x", True, what_if_step_s=0.07)]
     lab.what_if_errors(list(cases.values()), scores)
     assert [s.what_if_vs_clean for s in scores] == [None, None, 1.25, None]  # stop-r1's twin, clean-a, did not run
+
+
+def test_cause_matrix_counts_named_culprits_by_true_cause_and_part() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import fault_lab as lab
+    cases = {c.name: c for c in lab.CASES}
+    causes = (cases["stop-r1"].cause, cases["quota-r3"].cause, cases["tbf-pp"].cause)
+    assert causes == ("paused", "cpu_quota", "network")
+    scores = [lab.Score("stop-r1", False, "rank 1", "x", True, true_cause="paused", cause_found="paused"),
+              lab.Score("stop-r2", True, "rank 2", "x", True, true_cause="paused", cause_found="host_time"),
+              lab.Score("quota-r3", True, "rank 3", "x", True, true_cause="cpu_quota", cause_found="cpu_quota"),
+              lab.Score("hog-dp2-r0", True, "rank 0", "none", False, true_cause="cpu_contention")]  # culprit missed
+    assert lab.cause_matrix(scores) == {"paused": {"paused": 1, "host_time": 1}, "cpu_quota": {"cpu_quota": 1}}
+    assert lab.cause_matrix([s for s in scores if s.held_out]) == {"paused": {"host_time": 1},
+                                                                     "cpu_quota": {"cpu_quota": 1}}

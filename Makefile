@@ -15,9 +15,10 @@ $(STAMP): pyproject.toml scripts/install-torch.sh
 	$(PY) -m pip install -q -e '.[test]'
 	touch $@
 
-# the suite also traces a Hugging Face Trainer job (the optional `attach` extra); the demo needs none of it
+# the suite also traces a Hugging Face Trainer job (the optional `attach` extra) and writes TensorBoard logs
+# (`tensorboard`); the demo needs none of it
 $(TESTSTAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[test,attach]'
+	$(PY) -m pip install -q -e '.[test,attach,tensorboard]'
 	touch $@
 
 setup: $(STAMP)

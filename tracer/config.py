@@ -47,6 +47,10 @@ class TraceConfig:
     """Rank 0 prints one summary line every n steps, also to the `logging` logger `megascope`: rolling
     step time min / median / max and the slowest ranks, chronic (a live watcher's open findings) apart
     from one-off stalls (tracer/step_summary.py); 0 = off."""
+    tensorboard_dir: str = ""
+    """Also write the summary's window to TensorBoard under this folder (tracer/tracker_logs.py: step time
+    min / median / max, MFU, live findings opened and ended with their cause and cost); needs the
+    `tensorboard` extra and summary_every > 0; "" = off."""
     cupti: bool = False
     """Record kernel activity with CUPTI (cupti-python) into the kernels table."""
     cupti_every: int = 1

@@ -34,6 +34,7 @@ from megascope.tracer.schedule import Schedule, check_level, every_n_steps
 from megascope.tracer.schema import TRACED, WAIT_SUFFIX
 from megascope.tracer.sink import ParquetSegmentSink, Sink
 from megascope.tracer.step_summary import StepSummary
+from megascope.tracer.tracker_logs import open_tracker
 from megascope.tracer.watchdog import CommOp, HangWatchdog, InflightRegistry
 
 if TYPE_CHECKING:  # for annotations; the three recorders are imported where used (each needs its own hardware)
@@ -98,9 +99,10 @@ class Tracer:
         self.sink = sink if sink is not None else ParquetSegmentSink(run_dir, self.rank)  # type: ignore[arg-type]
         if cfg.edge_summaries and self.enabled:
             self.sink = SummarizingSink(self.sink, self.rank)
-        self.summary = (StepSummary(run_dir, cfg.summary_every)
+        self.summary = (StepSummary(run_dir, cfg.summary_every, tracker=open_tracker(cfg.tensorboard_dir, run_dir))
                         if self.enabled and self.rank == 0 and cfg.summary_every > 0 else None)
-        """Rank 0's summary line in the job's log every cfg.summary_every steps."""
+        """Rank 0's summary line in the job's log every cfg.summary_every steps (and in TensorBoard with
+        cfg.tensorboard_dir: tracker_logs.py)."""
         self.flusher: Flusher | None = None
         self.watchdog: HangWatchdog | None = None
         self.timeline: CudaTimeline | None = None
@@ -302,7 +304,7 @@ class Tracer:
             if self.host is not None:
                 self._record_host(step)
             if self.summary is not None:
-                self.summary.step(step, (end_ns - start_ns) / 1e9)
+                self.summary.step(step, (end_ns - start_ns) / 1e9, float(model_flops))
         except Exception as exc:
             self._failed("record_step", exc)
 

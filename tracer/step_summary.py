@@ -33,10 +33,11 @@ import sys
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from megascope.tracer.run_dir import FINDINGS_FILE
+from megascope.tracer.tracker_logs import FindingNote, Tracker, Window
 
 log = logging.getLogger("megascope")
 STALL_RATIO = 2.0
@@ -61,6 +62,8 @@ class Verdict:
     steps: tuple[int, int]
     severity: float
     open: bool
+    evidence: dict = field(default_factory=dict)
+    """the record's evidence (cause and cost, when the watcher's finding says them: tracker_logs.py)"""
 
     def named(self) -> str:
         who = f"rank {self.ranks[0]}" if len(self.ranks) == 1 else "ranks " + ",".join(map(str, self.ranks))
@@ -98,10 +101,11 @@ class LiveVerdicts:
             r = json.loads(line)
             event, kind, ranks = r["event"], str(r["kind"]), sorted(int(x) for x in r["ranks"])
             steps, severity = (int(r["steps"][0]), int(r["steps"][1])), float(r["severity"])
+            evidence = r.get("evidence") if isinstance(r.get("evidence"), dict) else {}
         except (ValueError, KeyError, TypeError, IndexError):
             return  # not a record (a foreign line): the others still count
         if event in ("start", "end"):  # 'final' is the finished run's verdict: the job is over
-            self.by_key[(kind, tuple(ranks))] = Verdict(kind, ranks, steps, severity, event == "start")
+            self.by_key[(kind, tuple(ranks))] = Verdict(kind, ranks, steps, severity, event == "start", evidence)
 
     def open(self) -> list[Verdict]:
         return sorted((v for v in self.by_key.values() if v.open), key=lambda v: -v.severity)
@@ -146,34 +150,39 @@ def emit(line: str) -> None:
 class StepSummary:
     """Rank 0's summary line every `every` steps; see the module docstring."""
 
-    def __init__(self, run_dir: str | Path | None, every: int, out: Callable[[str], None] = emit) -> None:
-        self.every, self.out = int(every), out
+    def __init__(self, run_dir: str | Path | None, every: int, out: Callable[[str], None] = emit,
+                 tracker: Tracker | None = None) -> None:
+        self.every, self.out, self.tracker = int(every), out, tracker
         local = run_dir is not None and "://" not in str(run_dir)  # an object-store run: no records file here
         self.verdicts = LiveVerdicts(Path(run_dir) / FINDINGS_FILE) if local else None  # type: ignore[arg-type]
         self.window: list[tuple[int, float]] = []
+        self.flops: list[float] = []
+        """The window's steps' model FLOPs (the tracker's MFU), beside `window`."""
+        self._was_open: set[tuple[str, tuple[int, ...]]] = set()
         self.lines = 0
         """Lines written."""
         self.skipped = 0
         """Lines not written because QUEUED others were still waiting to be."""
         self.failures = 0
         """Lines that failed (logged); training went on."""
-        self._queue: queue.Queue[list[tuple[int, float]] | None] = queue.Queue(maxsize=QUEUED)
+        self._queue: queue.Queue[tuple[list[tuple[int, float]], list[float]] | None] = queue.Queue(maxsize=QUEUED)
         self._thread: threading.Thread | None = None
         self._ready: deque[str] = deque()
         """Lines built, for the training thread to write at its next step."""
 
-    def step(self, step: int, seconds: float) -> None:
+    def step(self, step: int, seconds: float, model_flops: float = 0.0) -> None:
         """Training thread, once per step: O(1) except every `every` steps (a copy of `every` pairs)."""
         self._write_ready()
         try:
             self.window.append((int(step), float(seconds)))
+            self.flops.append(float(model_flops))
             if len(self.window) < self.every:
                 return
-            window, self.window = self.window, []
+            window, flops, self.window, self.flops = self.window, self.flops, [], []
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="megascope-summary", daemon=True)
                 self._thread.start()
-            self._queue.put_nowait(window)
+            self._queue.put_nowait((window, flops))
         except queue.Full:
             self.skipped += 1
         except Exception as exc:
@@ -181,14 +190,27 @@ class StepSummary:
 
     def _run(self) -> None:
         while True:
-            window = self._queue.get()
-            if window is None:
+            item = self._queue.get()
+            if item is None:
                 return
+            window, flops = item
             try:
                 have = self.verdicts is not None and self.verdicts.refresh()
                 self._ready.append(summary_line(window, self.verdicts if have else None))
+                if self.tracker is not None:
+                    self.tracker.window(self._tracked(window, flops, self.verdicts if have else None))
             except Exception as exc:
                 self._failed(exc)
+
+    def _tracked(self, window: list[tuple[int, float]], flops: list[float], verdicts: LiveVerdicts | None) -> Window:
+        """The window as the tracker takes it: the findings open now, opened since the last window, ended."""
+        first, last = window[0][0], window[-1][0]
+        now = verdicts.open() if verdicts is not None else []
+        ended = verdicts.ended_within(first, last) if verdicts is not None else []
+        opened = [v for v in now if (v.kind, tuple(v.ranks)) not in self._was_open]
+        self._was_open = {(v.kind, tuple(v.ranks)) for v in now}
+        return Window(first, last, [s for _, s in window], flops, [_note(v) for v in now],
+                      [_note(v) for v in opened], [_note(v) for v in ended])
 
     def _write_ready(self) -> None:
         while self._ready:
@@ -204,12 +226,21 @@ class StepSummary:
             log.warning("summary line failed (%r); %d failures so far, training continues", exc, self.failures)
 
     def close(self, timeout_s: float = 2.0) -> None:
-        """Let the lines being built finish (at most timeout_s), write them, stop the thread."""
-        if self._thread is None:
-            return
-        try:
-            self._queue.put(None, timeout=timeout_s)
-            self._thread.join(timeout_s)
-        except queue.Full:
-            pass  # stuck reading the records file: the daemon thread dies with the process
-        self._write_ready()
+        """Let the lines being built finish (at most timeout_s), write them, stop the thread, close the
+        tracker (unless the thread is stuck in it: then the daemon thread dies with the process)."""
+        if self._thread is not None:
+            try:
+                self._queue.put(None, timeout=timeout_s)
+                self._thread.join(timeout_s)
+            except queue.Full:
+                pass  # stuck reading the records file: the daemon thread dies with the process
+            self._write_ready()
+        if self.tracker is not None and not (self._thread is not None and self._thread.is_alive()):
+            try:
+                self.tracker.close()
+            except Exception as exc:
+                self._failed(exc)
+
+
+def _note(v: Verdict) -> FindingNote:
+    return FindingNote(v.kind, v.ranks, v.steps, v.evidence)

@@ -99,7 +99,11 @@ def test_traced_run_analyzes_from_its_edge_summaries_like_from_its_events(traced
     assert edge_summaries_cover(edge.store)
     assert not edge_summaries_cover(raw.store)
     _assert_same_analysis(edge, raw)
-    assert [f.ranks for f in edge.findings() if f.kind == "straggler"] == [[1]], _verdicts(edge)
+    stragglers = [f for f in edge.findings() if f.kind == "straggler"]
+    assert stragglers and stragglers[0].ranks == [1], _verdicts(edge)  # the injected one, the costliest
+    # another only where the OS's own counter says other processes took its CPU: CI's run of 4c71a23 named
+    # rank 2 from step 2 (before the injection), "waits 10 ms a step for a CPU (other processes on its cores)"
+    assert all(f.evidence.get("explained_by") == "cpu_contention" for f in stragglers[1:]), _verdicts(edge)
 
 
 @pytest.mark.slow

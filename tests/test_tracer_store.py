@@ -98,12 +98,16 @@ def test_kill_9_leaves_only_complete_segments(tmp_path: Path):
     proc = subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path)])
     events = tmp_path / "events" / "rank=00000"
     try:
-        deadline = time.monotonic() + 60
-        while len(list(events.glob("seg-*.parquet"))) < 5 and time.monotonic() < deadline:
+        # a generous wait, not a timing check: in CI at load the writer's start (importing torch) took
+        # most of a 60 s wait, and it wrote 3 segments in the rest (~3,800 steps)
+        deadline = time.monotonic() + 300
+        while (len(list(events.glob("seg-*.parquet"))) < 5 and time.monotonic() < deadline
+               and proc.poll() is None):
             time.sleep(0.05)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
+    assert proc.returncode == -signal.SIGKILL, f"the writer exited by itself ({proc.returncode})"
     segments = sorted(events.glob("*.parquet"))
     assert len(segments) >= 5
     for seg in segments:  # every visible file is a whole Parquet file

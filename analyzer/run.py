@@ -28,7 +28,7 @@ from megascope.analyzer.detect.hangs import HangDetector, HangReport
 from megascope.analyzer.detect.lost_time import LostTimeDetector, attributed_what_if
 from megascope.analyzer.detect.stragglers import StragglerDetector
 from megascope.analyzer.detect.workload_imbalance import WorkloadImbalanceDetector
-from megascope.analyzer.findings import Finding
+from megascope.analyzer.findings import Finding, price_by_what_if, report_order
 from megascope.analyzer.graph import critical_path as cp
 from megascope.analyzer.graph.step_graph import build_step_graph, dependency_edges
 from megascope.analyzer.graph.what_if import what_if
@@ -204,6 +204,29 @@ class Run:
         self._findings = (drop_fixless_culprits(self.store, found, self.settings.detect.lost_time.victim_share)
                           if self.victims_by_what_if else found)
         return self._findings
+
+    def costed_findings(self, with_what_if: bool = True) -> list[tuple[Finding, dict | None]]:
+        """The findings, the costliest first (findings.report_order), each with its what-if: the first
+        settings.report.max_what_if of `findings()` but a hang get one (None for the rest, and for all
+        without `with_what_if`: then no what-if judges victims either). One the lost-time attribution
+        gave no cost is priced by its what-if (findings.price_by_what_if): the one rule the report, the
+        dashboard and a notebook read."""
+        self.victims_by_what_if = self.victims_by_what_if and with_what_if
+        found = self.findings()
+        limit = min(len(found), self.settings.report.max_what_if) if with_what_if else 0
+        steps = [int(s) for s in self.mfu().per_step.step]
+        world = int(self.manifest.get("topology", {}).get("world") or 0)
+        out: list[tuple[Finding, dict | None]] = []
+        for i, f in enumerate(found):
+            wi = None
+            if i < limit and f.kind != "hang":
+                self.progress("what-if", i + 1, limit)
+                # a lost-time finding's cost is counted over all its steps; a replay of 1-3 sampled steps
+                # would say 0.0% for an episodic fault whose episodes it missed
+                wi = self.what_if(f)
+                price_by_what_if(f, wi, steps, world)
+            out.append((f, wi))
+        return sorted(out, key=lambda pair: report_order(pair[0].kind, pair[0].evidence, pair[0].severity))
 
     def incomplete_data(self) -> list[dict[str, Any]]:
         """Rank-steps left out of the diagnosis because a damaged segment may have held part of them:

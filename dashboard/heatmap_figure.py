@@ -14,8 +14,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from megascope.analyzer.views.heatmap import HOST_VIEW, color_range
 from megascope.analyzer.views.heatmap import METRICS as HEATMAP_METRICS
-from megascope.analyzer.views.heatmap import color_range
 from megascope.dashboard.widgets import FIGURE_MARGIN, FIGURE_TEMPLATE, empty_figure
 
 METRICS: dict[str, str] = {name: m.label for name, m in HEATMAP_METRICS.items()}
@@ -23,6 +23,7 @@ METRICS: dict[str, str] = {name: m.label for name, m in HEATMAP_METRICS.items()}
 GROUPINGS: dict[str, str] = {"rank": "rank", "dp": "data parallel", "pp": "pipeline stage",
                              "tp": "tensor parallel", "host": "host"}
 _HIGHER_IS_WORSE = {name for name, m in HEATMAP_METRICS.items() if m.higher_is_worse}
+_HOST = {name for name, m in HEATMAP_METRICS.items() if m.source == HOST_VIEW}
 _LEADING_INT = re.compile(r"-?\d+")
 
 
@@ -30,7 +31,8 @@ def heatmap_figure(heatmap: Any, metric: str, group_by: str) -> go.Figure:
     """A Plotly heatmap of analyzer Heatmap rows x step columns, warm colors where it hurts."""
     rows, cols, values = _parts(heatmap)
     if values.size == 0:
-        return empty_figure("No steps recorded yet")
+        return empty_figure("No host samples in this run: megascope's tracer records them per step, imported "
+                            "traces have none" if metric in _HOST else "No steps recorded yet")
     zmin, zmax, clipped = color_range(values, metric in _HIGHER_IS_WORSE)
     fig = go.Figure(go.Heatmap(
         z=values, x=[str(c) for c in cols], y=[str(r) for r in rows], zmin=zmin, zmax=zmax,

@@ -1,11 +1,12 @@
 """Remake the README screenshots: every page of the dashboard over real runs, in headless Chromium.
 
     python scripts/screenshots.py RUN [RUN...] [--out docs/screenshots]
-        [--pages overview,heatmap,...] [--prefix NAME-]
+        [--pages overview,heatmap,...] [--prefix NAME-] [--metric compute]
 
 The first run is the one shown; further runs appear on the comparison page. "incidents" is the
-overview scrolled to its incidents, restarts and self-checks panel. Needs the `test` extra (selenium)
-and the system packages chromium and chromium-driver; run it from a checkout (it uses tests/browser.py).
+overview scrolled to its incidents, restarts and self-checks panel, "findings" to its findings. Needs
+the `test` extra (selenium) and the system packages chromium and chromium-driver; run it from a
+checkout (it uses tests/browser.py).
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from tests.browser import chromium_driver, serve_in_thread, wait_for  # noqa: E4
 # scroll into view before the picture])
 PAGES: dict[str, tuple[str, ...]] = {
     "overview": ("/", f"#{ids.OVERVIEW_MFU} .main-svg"),
-    "heatmap": ("/heatmap?metric=compute", f"#{ids.HEATMAP_GRAPH} .main-svg"),
+    "heatmap": ("/heatmap", f"#{ids.HEATMAP_GRAPH} .main-svg"),
     "links": ("/links?metric=wait", f"#{ids.LINKS_GRAPH} .main-svg"),
     "timeline": ("/timeline?view=pp", f"#{ids.TIMELINE_GRAPH} .main-svg"),
     "topology": ("/topology?color=compute", f"#{ids.TOPOLOGY_RANK_DETAILS}"),
     "gpu": ("/gpu", f"#{ids.GPU_GRAPH} .main-svg"),
     "compare": ("/compare", f"#{ids.COMPARE_MFU} .main-svg"),
     "incidents": ("/", f"#{ids.OVERVIEW_INCIDENTS_BODY}", f"#{ids.OVERVIEW_INCIDENTS}"),
+    "findings": ("/", f"#{ids.OVERVIEW_FINDINGS_TABLE}", f"#{ids.OVERVIEW_FINDINGS}"),
 }
 DEFAULT_PAGES = ("overview", "heatmap", "timeline", "topology", "gpu", "compare")
 
@@ -69,13 +71,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rank", type=int, default=0, help="rank selected in timeline and topology")
     parser.add_argument("--pages", default=",".join(DEFAULT_PAGES), help=f"comma-separated, of {', '.join(PAGES)}")
     parser.add_argument("--prefix", default="", help="prefix of the file names (e.g. restart-)")
+    parser.add_argument("--metric", default="compute", help="heatmap metric (analyzer/views/heatmap.py METRICS, "
+                        "e.g. gc for a garbage-collection finding's cause)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.pages.split(",") if n.strip()]
     if unknown := [n for n in names if n not in PAGES]:
         parser.error(f"unknown page(s) {unknown}; choose from {', '.join(PAGES)}")
     timeline = f"ranks={args.rank}" + (f"&step={args.step}" if args.step is not None else "")
     for path in take_screenshots(args.runs, args.out, {n: PAGES[n] for n in names}, prefix=args.prefix,
-                                 extra_query={"timeline": timeline, "topology": f"ranks={args.rank}"}):
+                                 extra_query={"timeline": timeline, "topology": f"ranks={args.rank}",
+                                              "heatmap": f"metric={args.metric}"}):
         print(path)
     return 0
 

@@ -15,8 +15,8 @@ import pytest
 from megascope.analyzer import Run
 from megascope.analyzer.detect.lost_time import Attribution
 from megascope.analyzer.detect.settle import settle
-from megascope.analyzer.findings import Finding, report_order
-from megascope.analyzer.report.build import build_report, by_cost, render_text
+from megascope.analyzer.findings import Finding, price_by_what_if, report_order
+from megascope.analyzer.report.build import build_report, render_text
 from megascope.analyzer.settings import LostTimeConfig
 from megascope.samples.independent_gen import GenSpec, Noise, SlowRank, import_run, true_step_times
 
@@ -108,11 +108,13 @@ def test_findings_are_ordered_by_cost_whatever_their_kind() -> None:
 def test_without_an_attribution_the_what_if_prices_the_finding() -> None:
     # `megascope demo` (30 steps: no lost-time attribution) listed the straggler its what-if put at 2.3% of
     # the throughput above the flapping link at 30.1%
-    straggler, link = _finding("straggler", None, 3.51).to_dict(), _finding("network_flap", None, 189.67).to_dict()
-    straggler["what_if"] = {"applicable": True, "saved_per_step_s": 0.008, "throughput_lost": 0.023}
-    link["what_if"] = {"applicable": True, "saved_per_step_s": 0.12, "throughput_lost": 0.301}
-    ordered = by_cost([straggler, link], steps=list(range(30)), world=8)
-    assert [d["kind"] for d in ordered] == ["network_flap", "straggler"]
-    ev = ordered[0]["evidence"]
+    straggler, link = _finding("straggler", None, 3.51), _finding("network_flap", None, 189.67)
+    price_by_what_if(straggler, {"applicable": True, "saved_per_step_s": 0.008, "throughput_lost": 0.023},
+                     steps=list(range(30)), world=8)
+    price_by_what_if(link, {"applicable": True, "saved_per_step_s": 0.12, "throughput_lost": 0.301},
+                     steps=list(range(30)), world=8)
+    ordered = sorted([straggler, link], key=lambda f: report_order(f.kind, f.evidence, f.severity))
+    assert [f.kind for f in ordered] == ["network_flap", "straggler"]
+    ev = ordered[0].evidence
     assert ev["cost_from"] == "what_if" and ev["cost_s"] == 1.2  # 0.12 s a step x its 10 steps
     assert ev["gpu_hours"] == pytest.approx(1.2 * 8 / 3600, abs=1e-6)

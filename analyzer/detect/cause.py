@@ -204,12 +204,16 @@ SENTENCES = {
 }
 
 
+def cause_text(cause: str, explained_ms: float, ranks: list[int]) -> str:
+    """The cause in words with its number: 'rank 1 waits 24 ms a step for its data loader'."""
+    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"each of ranks {rank_list(ranks)}"
+    ms = f"{explained_ms:.0f} ms" if explained_ms >= 10 else f"{explained_ms:.1f} ms"
+    return SENTENCES[cause].format(who=who, ms=ms) if cause in SENTENCES else f"{who}: {cause} {ms} a step"
+
+
 def with_cause(summary: str, ranks: list[int], verdict: Verdict) -> str:
     """The summary with its closing list of guesses replaced by the measured cause."""
-    who = f"rank {ranks[0]}" if len(ranks) == 1 else f"each of ranks {rank_list(ranks)}"
-    sentence = SENTENCES[verdict.cause].format(who=who, ms=f"{verdict.explained_ms:.0f} ms"
-                                               if verdict.explained_ms >= 10 else f"{verdict.explained_ms:.1f} ms")
-    measured = f"; measured: {sentence}."
+    measured = f"; measured: {cause_text(verdict.cause, verdict.explained_ms, ranks)}."
     if _GUESSES.search(summary):
         return _GUESSES.sub(lambda _: measured, summary, count=1)
     return f"{summary.rstrip('. ')}{measured}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from megascope.analyzer.findings import cost_text, gpu_hours, report_order
+from megascope.analyzer.findings import cost_text
 from megascope.analyzer.settings import settings_dict
 
 if TYPE_CHECKING:
@@ -24,21 +24,14 @@ def build_report(run: "Run", with_what_if: bool = True) -> dict:
     man = run.manifest
     topo = man.get("topology", {})
     mfu = run.mfu()
-    run.victims_by_what_if = run.victims_by_what_if and with_what_if
-    findings = run.findings()
-    max_what_if = run.settings.report.max_what_if
     out_findings = []
-    for i, f in enumerate(findings):
+    for f, wi in run.costed_findings(with_what_if):
         d = f.to_dict()
-        if with_what_if and i < max_what_if and f.kind != "hang":
-            run.progress("what-if", i + 1, min(len(findings), max_what_if))
-            # a lost-time finding's cost is counted over all its steps; a replay of 1-3 sampled steps
-            # would say 0.0% for an episodic fault whose episodes it missed
-            d["what_if"] = run.what_if(f)
+        if wi is not None:
+            d["what_if"] = wi
         out_findings.append(d)
     per_step = [{"step": int(r.step), "step_time_s": _num(r.step_time_s), "tokens_per_s": _num(r.tokens_per_s, 1),
                  "mfu": _num(r.mfu, 5)} for r in mfu.per_step.itertuples()]
-    out_findings = by_cost(out_findings, [int(s) for s in mfu.per_step.step], topo.get("world") or 0)
     return {
         "schema_version": SCHEMA_VERSION,
         "run": {"path": str(run.path), "run_id": man.get("run_id"), "source": man.get("source"),
@@ -55,20 +48,6 @@ def build_report(run: "Run", with_what_if: bool = True) -> dict:
         "warnings": list(run.warnings),
         "settings": settings_dict(run.settings),
     }
-
-
-def by_cost(findings: list[dict], steps: list[int], world: int) -> list[dict]:
-    """The report's findings in findings.report_order, once each one the lost-time attribution gave no
-    cost (runs of fewer than 30 analyzed steps have no attribution: the demo's 30) has its what-if's:
-    the seconds it saves a step times the run's steps it covers, x the job's ranks for GPU-hours, marked
-    `cost_from: "what_if"`. Without it the demo listed a straggler whose what-if said 2.3% of the
-    throughput above a flapping link's 30.1%."""
-    for d in findings:
-        ev, wi = d["evidence"], d.get("what_if") or {}
-        if ev.get("cost_s") is None and wi.get("applicable") and wi.get("saved_per_step_s") is not None:
-            cost = float(wi["saved_per_step_s"]) * sum(d["steps"][0] <= s <= d["steps"][1] for s in steps)
-            ev.update(cost_s=round(cost, 3), gpu_hours=gpu_hours(cost, world), cost_from="what_if")
-    return sorted(findings, key=lambda d: report_order(d["kind"], d["evidence"], d["severity"]))
 
 
 def _judged(run: "Run") -> int:

@@ -15,15 +15,21 @@ import numpy as np
 from megascope.analyzer.data.store import Store, load_sql
 from megascope.analyzer.data.summary_cache import SUMMARY_VIEW
 
+HOST_VIEW = "rank_step_host"
+"""The rank-steps' host samples beside the summary's keys (data/sql/rank_step_host.sql): the source of
+the cause measures."""
+
 
 class Metric(NamedTuple):
     sql: str
-    """SQL over the rank-step summary ({world} and {peak} filled in)."""
+    """SQL over the rank-step summary ({world} and {peak} filled in), or over HOST_VIEW for a cause measure."""
     unit: str
     agg: Literal["max", "min"]
     """How cells fold into one (downsampling) so the bad ones stay visible: max where higher is worse."""
     label: str
     """What the dashboard and the report call it."""
+    source: str = SUMMARY_VIEW
+    """The relation `sql` reads."""
 
     @property
     def higher_is_worse(self) -> bool:
@@ -39,8 +45,16 @@ METRICS: dict[str, Metric] = {
     "lateness": Metric("coalesce(lateness_s, 0)", "s", "max", "arrival lateness (s)"),
     "step_time": Metric("step_time_s", "s", "max", "step time (s)"),
     "mfu": Metric("model_flops / (step_time_s * {world} * {peak})", "ratio", "min", "MFU"),
+    # the cause measures (detect/cause.py's evidence), one per cause a finding's explained_by can name
+    "data_wait": Metric("data_wait_s", "s", "max", "data-loader wait (s)"),
+    "gc": Metric("gc_s", "s", "max", "garbage-collection pauses (s)", HOST_VIEW),
+    "run_delay": Metric("run_delay_s", "s", "max", "waiting for a CPU: run delay (s)", HOST_VIEW),
+    "throttled": Metric("throttled_s", "s", "max", "CPU-quota throttled (s)", HOST_VIEW),
 }
 """The heatmap metrics, the one list: the dashboard's menu and the report draw from it."""
+CAUSE_METRICS = {"data_loading": "data_wait", "garbage_collection": "gc", "cpu_contention": "run_delay",
+                 "cpu_quota": "throttled", "slow_compute": "compute"}
+"""The metric that shows each cause (a finding's explained_by) per rank x step."""
 GROUPS = {"rank": "rank", "dp": "dp", "pp": "pp", "tp": "tp", "host": "host"}
 
 
@@ -57,16 +71,18 @@ class Heatmap:
     """rows x cols, NaN where there is no data."""
 
 
-def heatmap(store: Store, metric: str, group_by: str = "rank", max_rows: int = 512, max_cols: int = 500,
-            source: str = SUMMARY_VIEW) -> Heatmap:
-    """`source`: a relation with rank_step's columns and lateness_s (the summary view)."""
+def heatmap(store: Store, metric: str, group_by: str = "rank", max_rows: int = 512, max_cols: int = 500) -> Heatmap:
+    """`metric` over rank x step from its source (the summary view, which the caller has defined, or
+    HOST_VIEW); empty where the source has no rows (a cause measure of a run without host samples)."""
     if metric not in METRICS:
         raise ValueError(f"unknown heatmap metric '{metric}'; choose one of {', '.join(METRICS)}")
     if group_by not in GROUPS:
         raise ValueError(f"unknown group_by '{group_by}'; choose one of {', '.join(GROUPS)}")
     if max_rows < 1 or max_cols < 1:
         raise ValueError("max_rows and max_cols must be >= 1")
-    expr, unit, agg, _ = METRICS[metric]
+    expr, unit, agg, _, source = METRICS[metric]
+    if source == HOST_VIEW:
+        store.execute(f"CREATE OR REPLACE TEMP VIEW {HOST_VIEW} AS " + load_sql(HOST_VIEW))
     world = int(store.manifest["topology"].get("world") or len(store.topology))
     peak = float((store.manifest.get("peak_flops") or {}).get("per_device") or "nan")
     expr = expr.format(world=world, peak=peak if peak == peak else 1.0)

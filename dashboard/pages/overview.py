@@ -1,6 +1,6 @@
 """Overview: the run's topology and config, MFU and step time over steps, the live findings of
 `megascope watch` (RUN/findings.jsonl), the findings, and the incidents, recovery times and self-check
-results of a run that restarted."""
+results of a run that restarted. Findings are listed the costliest first with their cost and cause."""
 
 from __future__ import annotations
 
@@ -11,6 +11,9 @@ from dash import Input, Output, callback, dcc, html
 from dash.development.base_component import Component
 
 from megascope.analyzer import Finding, Run
+from megascope.analyzer.detect.cause import cause_text
+from megascope.analyzer.findings import cost_text
+from megascope.analyzer.views.heatmap import CAUSE_METRICS
 from megascope.analyzer.views.links import finding_links
 from megascope.analyzer.views.live_findings import LiveFinding
 from megascope.dashboard import ids
@@ -59,7 +62,7 @@ def refresh(run_value: int | None, _tick: int | None):
     index = catalog.index(run_value)
     return catalog.cached(index, ("overview",), lambda run: (
         notices(describe_gaps(run)), run_summary(run), mfu_figure(run.mfu().per_step),
-        findings_table(run.findings(), index), incidents_panel(run)))
+        findings_table(run.costed_findings(), index), incidents_panel(run)))
 
 
 @callback(Output(ids.OVERVIEW_LIVE, "children"), Input(ids.APP_RUN, "value"), Input(ids.APP_INTERVAL, "n_intervals"))
@@ -88,19 +91,39 @@ def run_summary(run: Run) -> html.Div:
     return html.Div([html.H3("Run"), key_values(rows)])
 
 
-def findings_table(findings: list[Finding], run_index: int) -> Component:
-    """One row per finding with a link to the page that shows it."""
-    if not findings:
+def findings_table(costed: list[tuple[Finding, dict | None]], run_index: int) -> Component:
+    """One row per finding, the costliest first (Run.costed_findings: the report's order and prices):
+    its cost (seconds, share of the run's lost time, GPU-hours), its cause in words (explained_by, with
+    the heatmap of the cause's own measure behind "show"), and a link to the page that shows it."""
+    if not costed:
         return html.P("No findings: no straggler, imbalance, late launch, flap or hang detected.",
                       className="muted")
-    head = html.Tr([html.Th(h) for h in ("kind", "ranks", "hosts", "steps", "severity", "summary", "")])
+    head = html.Tr([html.Th(h) for h in ("kind", "ranks", "hosts", "steps", "cost", "cause", "summary", "")])
     rows = [html.Tr([html.Td(f.kind), html.Td(_short(f.ranks)), html.Td(_short(f.hosts)),
                      html.Td(f"{f.steps[0]}-{f.steps[1]}" if f.steps else ""),
-                     html.Td(f"{f.severity:.3g}" if isinstance(f.severity, float) else str(f.severity)),
+                     html.Td(_cost(f, wi), className="finding-cost"), html.Td(_cause(f), className="finding-cause"),
                      html.Td(f.summary), html.Td(dcc.Link("show", href=finding_href(f, run_index)))],
                     className=f"finding finding-{f.kind}")
-            for f in findings]
+            for f, wi in costed]
     return html.Table([html.Thead(head), html.Tbody(rows)], className="grid findings", id=ids.OVERVIEW_FINDINGS_TABLE)
+
+
+def _cost(f: Finding, what_if: dict | None) -> str:
+    """'0.384 s (16% of the run's lost time; 0.001 GPU-hours)', '... by its what-if', or its what-if's
+    throughput share alone; '' when nothing prices it."""
+    if f.evidence.get("cost_s") is not None:
+        return cost_text(f.evidence) + (" by its what-if" if f.evidence.get("cost_from") == "what_if" else "")
+    if what_if and what_if.get("applicable") and what_if.get("throughput_lost") is not None:
+        return f"what-if: {100 * what_if['throughput_lost']:.1f}% throughput"
+    return ""
+
+
+def _cause(f: Finding) -> str:
+    """'data_loading: rank 1 waits 24 ms a step for its data loader' (the finding's explained_by)."""
+    cause = f.evidence.get("explained_by")
+    if not cause:
+        return ""
+    return f"{cause}: {cause_text(cause, float(f.evidence.get('explained_ms') or 0.0), list(f.ranks))}"
 
 
 def live_table(rows: list[LiveFinding], run_index: int) -> Component:
@@ -123,9 +146,14 @@ def live_table(rows: list[LiveFinding], run_index: int) -> Component:
 
 
 def _view_of(finding: Finding) -> tuple[str, str | None]:
-    """(page, heatmap metric) of a finding: a network finding on p2p links is drawn on the link view."""
+    """(page, heatmap metric) of a finding: a network finding on p2p links is drawn on the link view, a
+    finding with a measured cause on the heatmap of that cause's measure (GC pauses for
+    garbage_collection, ...), the rest on their kind's metric."""
     if finding_links(finding):
         return "links", None
+    cause = CAUSE_METRICS.get(str(finding.evidence.get("explained_by")))
+    if cause is not None:
+        return "heatmap", cause
     return _FINDING_VIEWS.get(finding.kind, ("timeline", None))
 
 

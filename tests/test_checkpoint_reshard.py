@@ -17,6 +17,7 @@ import torch
 from megascope.samples.distributed import run_distributed
 from megascope.trainer.config import JobConfig
 from megascope.trainer.robust import checkpoint as ck
+from megascope.trainer.robust.checkpoint_format import make_checkpoint_manager
 from tests.run_steps import losses
 
 STEPS, SAVE_AT = 6, 3
@@ -46,7 +47,7 @@ def _train(cfg: JobConfig, rank: int, resume: bool) -> dict:
     dims = ParallelDims(p.dp, p.tp, p.pp, p.vpp)
     dims.build_groups()
     state = parallelize(cfg, dims, torch.device("cpu"), Faults([], rank))
-    manager = ck.make_checkpoint_manager(cfg, dims, rank, torch.device("cpu"))
+    manager = make_checkpoint_manager(cfg, dims, rank, torch.device("cpu"))
     start = manager.resume(state) if resume else 0
     loader = build_loader(cfg, dims, rank, torch.device("cpu"), start_step=start)
     losses = {}

@@ -75,3 +75,73 @@ def test_the_check_sees_function_level_imports(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("import os\n\ndef late():\n    from megascope.trainer.config import JobConfig\n    return JobConfig\n")
     assert imported_modules(f) == [(1, "os"), (4, "megascope.trainer.config")]
+
+
+# No circles between megascope's own modules, function-level imports included (a late import inside a
+# function hides a circle rather than breaking it: checkpoint <-> checkpoint_dcp was one); imports under
+# `if TYPE_CHECKING:` are for annotations only and do not count. A module importing its own package
+# (`megascope.analyzer.run` -> `megascope.analyzer`) is Python's package rule, not a circle.
+PARTS = ("tracer", "analyzer", "dashboard", "trainer", "kernels", "samples")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(["megascope", *(parts[:-1] if parts[-1] == "__init__" else parts)])
+
+
+def _runtime_imports(path: Path) -> set[str]:
+    """Every module imported at run time (TYPE_CHECKING blocks skipped), `from a import b` as a.b
+    where a.b is a module."""
+    out: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                continue
+            if isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                out.add(child.module)
+                out.update(f"{child.module}.{a.name}" for a in child.names)
+            elif isinstance(child, ast.Import):
+                out.update(a.name for a in child.names)
+            visit(child)
+
+    visit(ast.parse(path.read_text(), filename=str(path)))
+    return out
+
+
+def import_circles() -> list[list[str]]:
+    files = {_module_name(f): f for part in PARTS for f in sorted((ROOT / part).rglob("*.py"))}
+    graph = {m: {d for d in _runtime_imports(f) if d in files and d != m and not m.startswith(d + ".")}
+             for m, f in files.items()}
+    circles, done = [], set()
+    for start in graph:  # a depth-first walk from each module; a back edge closes a circle
+        path, on_path = [start], {start}
+        stack = [iter(sorted(graph[start]))]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                stack.pop()
+                finished = path.pop()
+                on_path.discard(finished)
+                done.add(finished)
+            elif nxt in on_path:
+                circle = path[path.index(nxt):]
+                if sorted(circle) not in [sorted(c) for c in circles]:
+                    circles.append(circle)
+            elif nxt not in done:
+                path.append(nxt)
+                on_path.add(nxt)
+                stack.append(iter(sorted(graph[nxt])))
+    return circles
+
+
+def test_no_module_imports_itself_round_a_circle():
+    assert import_circles() == []
+
+
+def test_the_circle_check_sees_a_late_import(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import megascope.x\n"
+                 "def late():\n    from megascope.trainer.robust import checkpoint\n")
+    assert _runtime_imports(f) == {"typing", "typing.TYPE_CHECKING", "megascope.trainer.robust",
+                                   "megascope.trainer.robust.checkpoint"}

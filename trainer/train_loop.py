@@ -15,8 +15,8 @@ from megascope.trainer.lr_schedule import learning_rate
 from megascope.trainer.modeling.flops import model_flops_per_step
 from megascope.trainer.parallel.parallel_dims import ParallelDims
 from megascope.trainer.parallel.parallelize import parallelize
-from megascope.trainer.robust.checkpoint import make_checkpoint_manager
 from megascope.trainer.robust.checkpoint_cadence import CheckpointCadence, agree_max
+from megascope.trainer.robust.checkpoint_format import make_checkpoint_manager
 from megascope.trainer.robust.faults import Faults
 from megascope.trainer.robust.heartbeat import Heartbeat
 from megascope.trainer.robust.supervisor import append_incident

@@ -3,7 +3,7 @@
 This is robust.checkpoint_format = "snapshot"; the default, "dcp" (trainer/robust/checkpoint_dcp.py: the same
 host snapshot, written by torch.distributed.checkpoint, reshardable across dp, to a path or an fsspec
 URL), shares this module's listing, manifest, pruning and layout checks (`list_complete_at`,
-`publish_manifest`, `check_resumable`); `make_checkpoint_manager` picks the manager.
+`publish_manifest`, `check_resumable`); checkpoint_format.py picks the manager.
 
 Stage 1 (training thread, the only stall): every tensor of this rank's training state is copied into
 reusable host buffers (pinned on GPU, copies enqueued on the current stream; no device sync here).
@@ -387,12 +387,3 @@ class CheckpointManager:
             match = STEP_DIR_RE.match(entry.name)
             if match and int(match.group(1)) > step:
                 shutil.rmtree(entry, ignore_errors=True)
-
-
-def make_checkpoint_manager(cfg: JobConfig, dims: ParallelDims, rank: int, device: torch.device) -> Any:
-    """The manager robust.checkpoint_format names: DCP (checkpoint_dcp.py) or the two-stage snapshot."""
-    if getattr(cfg.robust, "checkpoint_format", "snapshot") == "dcp":
-        from megascope.trainer.robust.checkpoint_dcp import DcpCheckpointManager
-
-        return DcpCheckpointManager(cfg, dims, rank, device)
-    return CheckpointManager(cfg, dims, rank, device)

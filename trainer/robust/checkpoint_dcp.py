@@ -42,6 +42,15 @@ from megascope.tracer import comm
 from megascope.trainer.config import JobConfig
 from megascope.trainer.parallel.parallel_dims import ParallelDims
 from megascope.trainer.robust import checkpoint_io as cio
+from megascope.trainer.robust.checkpoint import (
+    check_resumable,
+    checkpoint_home,
+    drop_newer_at,
+    latest_complete_at,
+    layout_of,
+    prune_at,
+    publish_manifest,
+)
 
 FORMAT = "dcp"
 FIELDS = ("master", "exp_avg", "exp_avg_sq")
@@ -91,8 +100,6 @@ class DcpCheckpointManager:
     (save, close, resume, stalls_s, write_s, errors); every rank calls save/resume/close."""
 
     def __init__(self, cfg: JobConfig, dims: ParallelDims, rank: int, device: torch.device) -> None:
-        from megascope.trainer.robust.checkpoint import checkpoint_home, layout_of
-
         self.cfg, self.dims, self.rank, self.device = cfg, dims, rank, device
         self.root = checkpoint_home(cfg)
         self.layout = layout_of(cfg)
@@ -201,8 +208,6 @@ class DcpCheckpointManager:
             future.result()
             self.write_s.append(time.perf_counter() - started)
             if self.rank == 0:
-                from megascope.trainer.robust.checkpoint import prune_at, publish_manifest
-
                 publish_manifest(path, {"format": FORMAT, "step": step, "layout": self.layout,
                                         "world": self.dims.world_size, "mode": "dcp-async",
                                         "stall_s_rank0": self.stalls_s[-1] if self.stalls_s else None,
@@ -235,8 +240,6 @@ class DcpCheckpointManager:
     def resume(self, state: Any) -> int:
         """Load the latest complete checkpoint into `state`, resharding across dp when the layout
         changed; returns the step to continue from (0 if none). Collective."""
-        from megascope.trainer.robust.checkpoint import check_resumable, drop_newer_at, latest_complete_at
-
         info = latest_complete_at(self.root) if self.rank == 0 else None
         step = torch.tensor([info.step if info is not None else -1], dtype=torch.int64, device=self.device)
         comm.broadcast(step, 0, self.dims.groups["world"], "world", name="checkpoint_pick")

@@ -35,7 +35,8 @@ hog-dp2-r0 replaced hog-r0, whose label its own runs showed false (CASES says wh
 
 Cause split (issue 41.4, decided 2026-12-07 20:52 UTC, before any change of analyzer/detect/cause.py
 for it and before any cause case was run): every case has a true cause (Case.cause: the fault's
-explained_by, "network" for a link fault, "none" for a clean run). New cause cases, not yet in CASES:
+explained_by, "network" for a link fault, "none" for a clean run). New cause cases (in CASES from
+2026-12-08 01:05 UTC, the last six; docs/fault-lab.md says which of these could be built):
 TUNED (may guide a change of cause.py): one trainer case per cause -- a slow loader (data_loading), GC
 pressure (garbage_collection), a pinned CPU hog with no quota (cpu_contention), a cgroup v1 quota
 (cpu_quota), a SIGSTOP duty cycle (paused), a stretched compute span (slow_compute), and the existing
@@ -79,7 +80,8 @@ CULPRIT_KINDS = ("straggler", "late_launch", "hang")
 LINK_FAULTS = ("tbf", "cut")
 
 TRUE_CAUSE = {"none": "none", "stop": "paused", "quota": "cpu_quota", "hog": "cpu_contention",
-              "sleep": "host_time", "tbf": "network", "cut": "network"}
+              "sleep": "host_time", "data": "data_loading", "gc": "garbage_collection", "tbf": "network",
+              "cut": "network"}
 """Each fault's true cause. A sleep before a step's first span uses no CPU and waits in no run queue: no
 sampled measure explains it, so host_time (analyzer/detect/cause.py's fallback) is its true answer."""
 
@@ -89,7 +91,8 @@ class Case:
     name: str
     held_out: bool
     fault: str
-    """none | stop | quota | hog | sleep | tbf (a rate limit) | cut (`ip link set down`, then up)"""
+    """none | stop | quota | hog | sleep | data (a slow loader) | gc (a full collection every step) | tbf (a
+    rate limit) | cut (`ip link set down`, then up). sleep, data and gc are the job's own, from the onset step."""
     layout: tuple[str, ...]
     """--dp/--pp/--tp flags"""
     rank: int | None = None
@@ -171,6 +174,16 @@ CASES = [
     Case("stop-r3", True, "stop", DP2PP2, 3, {"stop_ms": 25, "period_ms": 80}, seed=99),
     # added 2026-11-29 02:50 UTC, held out, decided before it was first run (hog-r0's replacement, above)
     Case("hog-dp2-r0", True, "hog", ("--dp", "2"), 0, {"cpu": 1}),
+    # the cause cases (issue 41.4), added 2026-12-08 01:05 UTC by the split decided 2026-12-07 20:52 UTC
+    # (module docstring), before any was first run: the job's own slow loader (`--inject slow_data`, a
+    # sleep inside data_wait) and GC pressure (`--inject gc`: a live heap collected every step) on the
+    # trainer, tuned; the same on another rank of another layout and on the attached DDP loop, held out
+    Case("data-r1", False, "data", DP2PP2, 1, {"ms": 25}),
+    Case("gc-r1", False, "gc", DP2PP2, 1, {"objects": 400_000}),
+    Case("data-dp4-r2", True, "data", ("--dp", "4"), 2, {"ms": 40}, seed=55),
+    Case("gc-dp4-r3", True, "gc", ("--dp", "4"), 3, {"objects": 1_000_000}, seed=55),
+    Case("ddp-data-r1", True, "data", (), 1, {"ms": 25}, job="ddp_loop"),
+    Case("ddp-gc-r0", True, "gc", (), 0, {"objects": 400_000}, job="ddp_loop"),
 ]
 ATTACHED_MODULES = {"hf_trainer": "transformers", "lightning_loop": "lightning"}
 """The optional extra (`megascope[attach]`) each attached sample needs."""
@@ -188,9 +201,22 @@ def unavailable(case: Case) -> str | None:
     return outside_faults.unavailable(case.fault) if case.fault in ("quota", "hog") else None
 
 
-def train_cmd(case: Case, run_dir: Path, steps: int) -> list[str]:
+JOB_FAULTS = ("sleep", "data", "gc")
+"""Faults of the job's own code (its loader, its heap), from the onset step: no process outside makes them."""
+
+
+def train_cmd(case: Case, run_dir: Path, steps: int, first: int | None = None) -> list[str]:
+    """`megascope train`; a job's own fault injected from step `first` (trainer/robust/faults.py)."""
+    inject = {"data": f"slow_data:rank={case.rank},ms={case.params.get('ms')},from={first}",
+              "gc": f"gc:rank={case.rank},objects={case.params.get('objects')},from={first}"}.get(case.fault)
     return [sys.executable, "-m", "megascope", "train", "--preset", "tiny", *case.layout, "--steps", str(steps),
-            "--seed", str(case.seed), "--run-dir", str(run_dir)]
+            "--seed", str(case.seed), "--run-dir", str(run_dir), *(["--inject", inject] if inject else [])]
+
+
+def _job_fault_window(run_dir: Path, first: int) -> tuple[float, float]:
+    """A job's own fault's window: from the first faulty step's start (its trace) to now (the job's end)."""
+    rs = Run.open(run_dir).rank_steps()
+    return float(rs[rs.step == first].start_ns.min()) / 1e9, time.time()
 
 
 def _health(run_dir: Path) -> dict:
@@ -222,10 +248,11 @@ def run_one_host(case: Case, run_dir: Path, steps: int, onset: float) -> list[tu
     wall-clock windows [(start, end)] (none for a clean run)."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = open(run_dir.parent / f"{case.name}.log", "w+b")  # a pipe nobody reads would fill and stall the job
-    proc = subprocess.Popen(train_cmd(case, run_dir, steps), stdout=subprocess.DEVNULL, stderr=log)
+    first = int(onset * steps)
+    proc = subprocess.Popen(train_cmd(case, run_dir, steps, first), stdout=subprocess.DEVNULL, stderr=log)
     windows: list[tuple[float, float]] = []
     try:
-        while proc.poll() is None and case.fault != "none":
+        while proc.poll() is None and case.fault not in ("none", *JOB_FAULTS):
             beat = _health(run_dir).get("ranks", {}).get(str(case.rank)) or {}
             if int(beat.get("step") or 0) >= onset * steps and beat.get("pid"):
                 if case.fault == "hog":  # the other ranks on the other CPU: only the hog's rank shares its CPU
@@ -241,7 +268,7 @@ def run_one_host(case: Case, run_dir: Path, steps: int, onset: float) -> list[tu
         err = _reap(proc, log)
     if proc.returncode:
         raise RuntimeError(f"{case.name}: megascope train exited {proc.returncode}: {err}")
-    return windows
+    return [_job_fault_window(run_dir, first)] if case.fault in JOB_FAULTS else windows
 
 
 def _reap(proc: subprocess.Popen, log: IO[bytes]) -> str:
@@ -263,8 +290,10 @@ def run_attached(case: Case, run_dir: Path, steps: int, onset: float) -> list[tu
     (samples/ddp_loop.py --slow-outside, from the onset step): its window starts at that step."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     first = int(onset * steps)
-    slow = (["--slow-rank", str(case.rank), "--slow-ms", str(case.params["sleep_ms"]), "--slow-from", str(first),
-             "--slow-outside"] if case.fault == "sleep" else [])
+    own = {"sleep": ["--slow-ms", str(case.params.get("sleep_ms")), "--slow-outside"],
+           "data": ["--slow-ms", str(case.params.get("ms")), "--slow-loader"],
+           "gc": ["--gc-objects", str(case.params.get("objects"))]}.get(case.fault)
+    slow = ["--slow-rank", str(case.rank), "--slow-from", str(first), *own] if own else []
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(ROOT / "samples" / f"{case.job}.py"), "--run-dir", str(run_dir), "--steps", str(steps), *slow]
     one_cpu = max(os.sched_getaffinity(0))
@@ -296,10 +325,7 @@ def run_attached(case: Case, run_dir: Path, steps: int, onset: float) -> list[tu
         shutil.rmtree(tmp, ignore_errors=True)
     if proc.returncode:
         raise RuntimeError(f"{case.name}: samples/{case.job}.py exited {proc.returncode}: {err}")
-    if case.fault == "sleep":
-        rs = Run.open(run_dir).rank_steps()
-        windows.append((float(rs[rs.step == first].start_ns.min()) / 1e9, time.time()))
-    return windows
+    return [_job_fault_window(run_dir, first)] if case.fault in JOB_FAULTS else windows
 
 
 def _workers(proc: subprocess.Popen) -> list[int]:

@@ -8,7 +8,9 @@ communication hook timing every gradient bucket's all-reduce, forward/backward/o
 hooks), the loader wrapped to time data waits, and t.step() at the end of each step.
 `--slow-rank R --slow-ms MS` sleeps MS in rank R's forward from step `--slow-from` on: a straggler
 that `megascope analyze` names; with `--slow-outside` the sleep is at the start of each step instead,
-before its first traced span (host time of the rank: a late launch).
+before its first traced span (host time of the rank: a late launch); with `--slow-loader` its data
+loader takes MS longer per batch (inside the data wait t.data times); `--gc-objects N` makes rank R hold
+N live objects and run a full gc.collect() every step from `--slow-from` on instead (GC pressure).
 """
 
 from __future__ import annotations
@@ -58,7 +60,20 @@ def parse_args(argv: list[str] | None = None, run_dir: str = "runs/ddp-loop",
     p.add_argument("--slow-outside", action="store_true",
                    help="the slow rank sleeps at the start of each step, before its first traced span (the data "
                         "fetch), outside any hooked span, instead of inside its forward")
+    p.add_argument("--slow-loader", action="store_true",
+                   help="the slow rank's data loader takes --slow-ms longer per batch, instead of its forward")
+    p.add_argument("--gc-objects", type=int, default=0,
+                   help="the slow rank holds this many live objects and runs gc.collect() every step, instead of "
+                        "sleeping (0: off)")
     return p.parse_args(argv)
+
+
+def slow_batches(loader, delay_s: float, slow_from: int):
+    """The loader's batches, each from `slow_from` on `delay_s` late (a loader reading a slow disk)."""
+    for i, batch in enumerate(loader):
+        if i >= slow_from:
+            time.sleep(delay_s)
+        yield batch
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -86,10 +101,17 @@ def train(args: argparse.Namespace) -> None:
     data = TensorDataset(torch.randn(n, args.width), torch.randn(n, 1))
     loader = DataLoader(data, batch_size=args.batch, sampler=DistributedSampler(data, shuffle=False))
 
+    elsewhere = args.slow_outside or args.slow_loader or args.gc_objects > 0  # not in the forward
+    if args.slow_loader and rank == args.slow_rank:
+        loader = slow_batches(loader, args.slow_ms / 1e3, args.slow_from)
+    heap = [(i, str(i)) for i in range(args.gc_objects)] if rank == args.slow_rank else []
+
     with tracer.attach(args.run_dir, model=model, optimizer=opt) as t:                   # megascope
         for step, (x, y) in enumerate(t.data(loader)):                                    # megascope
             slow = rank == args.slow_rank and step >= args.slow_from
-            net.sleep_s = args.slow_ms / 1e3 if slow and not args.slow_outside else 0.0
+            net.sleep_s = args.slow_ms / 1e3 if slow and not elsewhere else 0.0
+            if slow and heap:
+                gc.collect()
             loss = torch.nn.functional.mse_loss(model(x), y)
             loss.backward()
             opt.step()
@@ -97,6 +119,7 @@ def train(args: argparse.Namespace) -> None:
             t.step(tokens=len(x), loss=loss.item())                                       # megascope
             if args.slow_outside and rank == args.slow_rank and step + 1 >= args.slow_from:
                 time.sleep(args.slow_ms / 1e3)  # the next step's start: before its data fetch, in no span
+    del heap
 
 
 if __name__ == "__main__":

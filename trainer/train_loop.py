@@ -48,7 +48,9 @@ def train(cfg: JobConfig, dims: ParallelDims, device: torch.device, faults: Faul
             tracing.set_step(step)
             start_ns = tracing.now_ns()  # the aligned clock, comparable across ranks
             with tracing.span("data_wait", kind="host"):
+                faults.in_data_wait()
                 batch, _ = loader.next()
+            faults.before_step_work()
             lr = learning_rate(cfg.train, step)
             result = train_step(state, batch, lr)
             end_ns = tracing.now_ns()

@@ -4,6 +4,8 @@ Specs are parsed and validated before launch; each rank builds a `Faults` holdin
 that touch it, and the trainer calls its hooks at a few places:
 
     with faults.compute():          around each forward/backward (straggler)
+    faults.in_data_wait()           inside the step's data_wait span, before the batch (slow_data)
+    faults.before_step_work()       after the batch, before the forward: the job's own host work (gc)
     faults.before_dp_collective()   before each data-parallel collective is issued (late launch)
     faults.before_p2p(peers)        before pipeline sends/receives (link flap)
     faults.at_step_start(step)      hang / crash
@@ -12,6 +14,7 @@ that touch it, and the trainer calls its hooks at a few places:
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import time
@@ -46,6 +49,8 @@ TRAIN_KINDS: dict[str, FaultKind] = {
     "flap": FaultKind(("ranks", "down_ms", "period_steps"), (), "flap:ranks=A-B,down_ms=D,period_steps=P"),
     "hang": FaultKind(("rank", "at"), (), "hang:rank=R,at=S"),
     "crash": FaultKind(("rank", "at"), (), "crash:rank=R,at=S"),
+    "slow_data": FaultKind(("rank", "ms"), ("from", "to"), "slow_data:rank=R,ms=M[,from=S][,to=S]"),
+    "gc": FaultKind(("rank", "objects"), ("from", "to"), "gc:rank=R,objects=N[,from=S][,to=S]"),
 }
 """What `megascope train --inject` can do to a real job (the hooks of `Faults` below)."""
 SIMULATE_KINDS: dict[str, FaultKind] = {
@@ -125,6 +130,8 @@ def parse_spec(text: str, world_size: int) -> FaultSpec:
             raise FaultSpecError(f"--inject '{text}': rank {r} is outside the world (0..{world_size - 1})")
     if kind == "straggler" and params["slowdown"] < 1:
         raise FaultSpecError(f"--inject '{text}': slowdown must be >= 1 (2 = twice as slow)")
+    if kind in ("slow_data", "gc") and params.get("ms", params.get("objects", 0)) <= 0:
+        raise FaultSpecError(f"--inject '{text}': {'ms' if kind == 'slow_data' else 'objects'} must be > 0")
     if kind == "flap" and (len(set(ranks)) != 2 or params["period_steps"] < 2):
         raise FaultSpecError(f"--inject '{text}': a flap needs two different ranks A-B and period_steps >= 2")
     return FaultSpec(kind=kind, params=params, ranks=ranks, text=text)
@@ -142,6 +149,8 @@ class Faults:
         self.specs = [s for s in specs if rank in s.ranks]
         self.step = 0
         self._gpu_delay = GpuDelay(device) if device is not None and device.type == "cuda" else None
+        self._heap: list[tuple[int, str]] = []
+        """The gc fault's live objects: what a full collection walks every step."""
 
     def at_step_start(self, step: int) -> None:
         self.step = step
@@ -176,6 +185,23 @@ class Faults:
             self._gpu_delay.run((factor - 1.0) * (time.perf_counter() - start))
         else:
             time.sleep((factor - 1.0) * (time.perf_counter() - start))
+
+    def in_data_wait(self) -> None:
+        """A slow data loader (slow_data): the batch takes `ms` longer to arrive, inside the data_wait span
+        as a loader reading a slow disk or decoding on the training thread would."""
+        for s in self.specs:
+            if s.kind == "slow_data" and s.active(self.step):
+                time.sleep(s.params["ms"] / 1000.0)
+
+    def before_step_work(self) -> None:
+        """GC pressure (gc): the rank holds `objects` live tuples and runs a full gc.collect() every step,
+        as a job with a large Python heap and a per-step collection (or an allocation-heavy loop whose
+        automatic collections reach the oldest generation) does; the tracer times it via gc.callbacks."""
+        for s in self.specs:
+            if s.kind == "gc" and s.active(self.step):
+                if not self._heap:
+                    self._heap = [(i, str(i)) for i in range(int(s.params["objects"]))]
+                gc.collect()
 
     def before_dp_collective(self) -> None:
         for s in self.specs:

@@ -15,11 +15,12 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import ipaddress
 import secrets
 from http.cookies import SimpleCookie
 from typing import Any, Callable, Iterable
 from urllib.parse import parse_qsl, urlencode
+
+from megascope.analyzer.bind_address import is_loopback
 
 COOKIE = "megascope_token"
 ENV_VAR = "MEGASCOPE_DASHBOARD_TOKEN"
@@ -30,16 +31,6 @@ WSGIApp = Callable[[dict[str, Any], Callable], Iterable[bytes]]
 def new_token() -> str:
     """192 random bits, URL-safe."""
     return secrets.token_urlsafe(24)
-
-
-def is_loopback(host: str) -> bool:
-    """localhost, 127.0.0.0/8 or ::1; anything else (0.0.0.0 included) reaches beyond this machine."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to any interface
-        return False
 
 
 def choose_token(host: str, given: str | None) -> tuple[str | None, bool]:

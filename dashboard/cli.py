@@ -15,8 +15,9 @@ import sys
 import threading
 from pathlib import Path
 
+from megascope.analyzer.bind_address import is_loopback
 from megascope.cli import DefaultsHelpFormatter
-from megascope.dashboard.auth import ENV_VAR, choose_token, is_loopback
+from megascope.dashboard.auth import ENV_VAR, choose_token
 
 TOKEN_RE = re.compile(r"^[A-Za-z0-9._~-]{16,}$")
 """A given token: long enough not to be guessed, and safe in a URL and a cookie as it is."""

@@ -23,7 +23,8 @@ from urllib.parse import quote
 import dash
 import pytest
 
-from megascope.dashboard.auth import choose_token, is_loopback
+from megascope.analyzer.bind_address import is_loopback
+from megascope.dashboard.auth import choose_token
 
 TOKEN = "test-token-0123456789abcdef"
 

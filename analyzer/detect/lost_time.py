@@ -525,12 +525,13 @@ __all__ = ["LostTimeConfig", "LostTimeDetector", "Attribution"]
 
 
 def attributed_what_if(store: Store, f: Finding) -> dict | None:
-    """The what-if of a lost-time finding from its attribution (None for other findings): its steps
+    """The what-if of a finding the lost-time attribution charged (its own, or another detector's finding
+    of the same rank and cause it handed its cost to: `cost_from`), None for the others: its steps
     without the cost it was charged. A replay of 1-3 sampled steps cannot stand for an episodic or
     heavy-tailed fault (tbf-pp: 3 five-step episodes in a 200-step finding; a SIGSTOP hits some steps)."""
     cost = f.evidence.get("cost_s")
-    if cost is None or f.evidence.get("source") != "lost_time":
-        return None
+    if cost is None or "lost_time" not in (f.evidence.get("source"), f.evidence.get("cost_from")):
+        return None  # not charged by the attribution (itself, or handed to its twin by settle)
     row = store.query("SELECT count(*) AS n, sum(t) AS total FROM (SELECT step, median(step_time_s) AS t "
                       "FROM rank_step WHERE step BETWEEN $first AND $last AND step_time_s > 0 GROUP BY step)",
                       {"first": int(f.steps[0]), "last": int(f.steps[1])})

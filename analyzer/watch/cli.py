@@ -6,9 +6,9 @@ import argparse
 import sys
 import urllib.parse
 
+from megascope.analyzer.bind_address import is_loopback
 from megascope.analyzer.report.analyze_cli import positive_int, settings_of
 from megascope.analyzer.settings import WATCH_WINDOW, SettingsError
-from megascope.analyzer.watch.control import is_loopback
 from megascope.cli import DefaultsHelpFormatter
 
 

@@ -16,7 +16,6 @@ too): the settings decide what pages people. A bad request is answered 4xx with 
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import json
 import threading
 from collections.abc import Callable, Iterable
@@ -40,15 +39,6 @@ class RequestError(ValueError):
     def __init__(self, status: str, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-def is_loopback(addr: str) -> bool:
-    if addr == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(addr).is_loopback
-    except ValueError:
-        return False  # a host name: it may resolve anywhere
 
 
 class ControlApp:

@@ -94,11 +94,13 @@ def price_by_what_if(f: Finding, what_if: dict[str, Any], steps: list[int], worl
 
 def cost_text(evidence: dict[str, Any]) -> str:
     """A finding's cost for sentences: '0.047 s (16% of the run's lost time; 0.16 GPU-hours)', from
-    its `cost_s`, `lost_share` and `gpu_hours` (the last two when it has them)."""
+    its `cost_s`, `lost_share` and `gpu_hours` (the last two when it has them), '... by its what-if'
+    when price_by_what_if gave it."""
     parts = [f"{100 * evidence['lost_share']:.0f}% of the run's lost time"] if "lost_share" in evidence else []
     if "gpu_hours" in evidence:
         parts.append(f"{_amount(evidence['gpu_hours'])} GPU-hours")
-    return f"{_amount(evidence['cost_s'])} s" + (f" ({'; '.join(parts)})" if parts else "")
+    how = " by its what-if" if evidence.get("cost_from") == "what_if" else ""  # price_by_what_if's
+    return f"{_amount(evidence['cost_s'])} s" + (f" ({'; '.join(parts)})" if parts else "") + how
 
 
 def _amount(x: float) -> str:

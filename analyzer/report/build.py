@@ -83,8 +83,7 @@ def finding_cost_text(f: dict) -> str:
     one. Severity is left out: it means another thing for every kind (findings.Finding.severity)."""
     ev, wi, out = f.get("evidence") or {}, f.get("what_if") or {}, ""
     if ev.get("cost_s") is not None:
-        how = " by its what-if" if ev.get("cost_from") == "what_if" else ""
-        out += f" [cost {cost_text(ev)}{how}]"
+        out += f" [cost {cost_text(ev)}]"
     if wi.get("applicable") and wi.get("throughput_lost") is not None:
         out += f" [what-if: {100 * wi['throughput_lost']:.1f}% throughput]"
     return out

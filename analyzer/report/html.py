@@ -50,7 +50,7 @@ def _cost(finding: dict) -> str:
     ev = finding.get("evidence") or {}
     if ev.get("cost_s") is None:
         return "n/a"
-    return cost_text(ev) + (" by its what-if" if ev.get("cost_from") == "what_if" else "")
+    return cost_text(ev)
 
 
 def _what_if(finding: dict) -> str:

@@ -112,7 +112,7 @@ def _cost(f: Finding, what_if: dict | None) -> str:
     """'0.384 s (16% of the run's lost time; 0.001 GPU-hours)', '... by its what-if', or its what-if's
     throughput share alone; '' when nothing prices it."""
     if f.evidence.get("cost_s") is not None:
-        return cost_text(f.evidence) + (" by its what-if" if f.evidence.get("cost_from") == "what_if" else "")
+        return cost_text(f.evidence)
     if what_if and what_if.get("applicable") and what_if.get("throughput_lost") is not None:
         return f"what-if: {100 * what_if['throughput_lost']:.1f}% throughput"
     return ""
